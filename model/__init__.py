@@ -6,9 +6,15 @@ Exports resolve lazily so `model.config` (and friends) import without torch.
 from .config import BertConfig
 
 _TORCH_EXPORTS = {
-    "BertModel", "BertForSequenceClassification", "BertForTokenClassification",
-    "BertForMultipleChoice", "BertForQuestionAnswering", "BertForPreTraining",
-    "BertForMaskedLM", "BertForNextSentencePrediction", "TASK_HEADS",
+    "BertModel",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForMultipleChoice",
+    "BertForQuestionAnswering",
+    "BertForPreTraining",
+    "BertForMaskedLM",
+    "BertForNextSentencePrediction",
+    "TASK_HEADS",
 }
 
 __all__ = ["BertConfig", *sorted(_TORCH_EXPORTS)]

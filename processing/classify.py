@@ -1,0 +1,80 @@
+"""Sequence classification: encoding (with sliding windows for long texts) and scores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .padding import softmax
+from .tokenizer import Encoding, TextTokenizer, window_spans
+
+AGGREGATIONS = ("mean", "max", "first")
+
+
+@dataclass
+class LabelScore:
+    label: str
+    score: float
+
+
+@dataclass
+class ClassifyResult:
+    label: str
+    score: float
+    scores: list[LabelScore]
+    value: float | None = None  # regression output
+    windows: int = 1
+
+
+def encode_for_classify(
+    tokenizer: TextTokenizer,
+    text: str,
+    text_pair: str | None = None,
+    max_seq_len: int = 128,
+    long_text: str = "truncate",
+    window_overlap: int = 32,
+) -> list[Encoding]:
+    """One encoding, or (long_text="windows", single text) one per overlapping window (book §8.5.2)."""
+    if long_text == "truncate" or text_pair is not None:
+        return [tokenizer.encode(text, text_pair, max_length=max_seq_len)]
+    if long_text != "windows":
+        raise ValueError(f"long_text must be 'truncate' or 'windows', got {long_text!r}")
+    tokens = tokenizer.tokenize(text)
+    capacity = max_seq_len - 2
+    return [
+        tokenizer.build(tokens.slice(s, e)) for s, e in window_spans(len(tokens), capacity, window_overlap)
+    ]
+
+
+def classify_from_logits(
+    logits: np.ndarray,
+    labels: list[str],
+    regression: bool = False,
+    aggregation: str = "mean",
+    top_k: int | None = None,
+) -> ClassifyResult:
+    """`logits` is [windows, labels] for one document; windows are aggregated by `aggregation`."""
+    logits = np.atleast_2d(np.asarray(logits, dtype=np.float64))
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if regression:
+        values = logits[:, 0]
+        value = float(
+            values[0] if aggregation == "first" else values.max() if aggregation == "max" else values.mean()
+        )
+        name = labels[0] if labels else "value"
+        return ClassifyResult(name, value, [LabelScore(name, value)], value=value, windows=len(logits))
+    probs = softmax(logits, axis=-1)
+    if aggregation == "first":
+        doc = probs[0]
+    elif aggregation == "max":
+        doc = probs.max(axis=0)
+        doc = doc / doc.sum()
+    else:
+        doc = probs.mean(axis=0)
+    order = np.argsort(-doc, kind="stable")
+    if top_k is not None:
+        order = order[:top_k]
+    scores = [LabelScore(labels[i], float(doc[i])) for i in order]
+    return ClassifyResult(scores[0].label, scores[0].score, scores, windows=len(logits))

@@ -313,6 +313,8 @@ class BertForQuestionAnswering(BertPreTrainedModel):
     """Span start/end logits; gold positions outside the sequence are ignored."""
 
     def __init__(self, config: BertConfig):
+        if config.num_labels != 2:  # transformers sizes qa_outputs by num_labels
+            config.num_labels = 2
         super().__init__(config)
         self.bert = BertModel(config, add_pooler=False)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)

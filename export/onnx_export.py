@@ -1,0 +1,125 @@
+"""Trace one of our task heads (model.bert.TASK_HEADS) to ONNX with dynamic axes."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from model.bert import TASK_HEADS
+from model.config import BertConfig
+
+from .bundle import INPUT_NAMES, TASKS, task_io
+
+# The TorchScript exporter (dynamo=False): ORT's transformer optimizer recognises the
+# attention / LayerNorm / Gelu patterns it emits. Opset 17 is the first with LayerNormalization.
+DEFAULT_OPSET = 17
+# Traced shape: deliberately odd, and never one of the verification shapes.
+TRACE_BATCH, TRACE_CHOICES, TRACE_SEQ = 2, 3, 11
+
+
+class ExportError(RuntimeError):
+    """The export could not be produced or failed its checks."""
+
+
+class OnnxHead(nn.Module):
+    """Plain-tensor wrapper around a head: the HeadOutput dataclass cannot be traced as output."""
+
+    def __init__(self, model: nn.Module, task: str):
+        super().__init__()
+        self.model = model
+        self.task = task
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor):
+        out = self.model(input_ids, attention_mask, token_type_ids)
+        if self.task == "qa":
+            return out.start_logits, out.end_logits
+        return out.logits
+
+
+def load_head(checkpoint_dir: str | Path) -> tuple[nn.Module, BertConfig]:
+    """Load the checkpoint with the head its `config.task` names, in eval mode."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not (checkpoint_dir / "config.json").is_file():
+        raise ExportError(f"{checkpoint_dir} has no config.json: not a checkpoint directory")
+    config = BertConfig.from_pretrained(checkpoint_dir)
+    if config.task not in TASKS:
+        raise ExportError(
+            f"{checkpoint_dir}/config.json has task {config.task!r}; export supports {', '.join(TASKS)} "
+            "(set config.task to the fine-tuned head)"
+        )
+    model = TASK_HEADS[config.task].from_pretrained(checkpoint_dir)
+    if getattr(model, "missing_keys", None):
+        raise ExportError(
+            f"{checkpoint_dir}: weights missing for {', '.join(model.missing_keys)}; exporting would ship "
+            "randomly initialised parameters"
+        )
+    return model.eval(), config
+
+
+def example_inputs(task: str, batch: int, seq: int, vocab_size: int, choices: int = 1,
+                   seed: int = 0) -> dict[str, Tensor]:
+    shape = (batch, choices, seq) if task == "multiple-choice" else (batch, seq)
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, vocab_size, shape, generator=gen)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "token_type_ids": torch.zeros_like(input_ids),
+    }
+
+
+def dynamic_axes(task: str, num_labels: int) -> dict[str, dict[int, str]]:
+    inputs, outputs = task_io(task, num_labels)
+    axes = {}
+    for spec in inputs + outputs:
+        axes[spec["name"]] = {i: dim for i, dim in enumerate(spec["shape"]) if isinstance(dim, str)}
+    return axes
+
+
+def export_onnx(model: nn.Module, config: BertConfig, path: Path, opset: int = DEFAULT_OPSET) -> None:
+    """Write the fp32 graph for `model` (a TASK_HEADS instance) to `path`."""
+    if opset < 17:
+        raise ExportError(f"opset {opset} is too old: LayerNormalization needs opset >= 17")
+    task = config.task
+    wrapper = OnnxHead(model, task).eval()
+    inputs = example_inputs(task, TRACE_BATCH, TRACE_SEQ, config.vocab_size, choices=TRACE_CHOICES)
+    _, outputs = task_io(task, config.num_labels)
+    with torch.no_grad(), warnings.catch_warnings():
+        # The TorchScript exporter is deprecated in favour of dynamo but still the one ORT fuses best.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            wrapper,
+            tuple(inputs[n] for n in INPUT_NAMES),
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            input_names=list(INPUT_NAMES),
+            output_names=[o["name"] for o in outputs],
+            dynamic_axes=dynamic_axes(task, config.num_labels),
+            do_constant_folding=True,
+        )
+    check_graph(path, task)
+
+
+def check_graph(path: Path, task: str) -> None:
+    """onnx.checker plus: every dynamic axis must stay symbolic in the declared I/O."""
+    import onnx
+
+    graph = onnx.load(str(path))
+    onnx.checker.check_model(graph, full_check=True)
+    for value in list(graph.graph.input) + list(graph.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        fixed = [i for i, d in enumerate(dims) if d.HasField("dim_value") and not _is_label_axis(task, value, i)]
+        if fixed:
+            raise ExportError(
+                f"{path.name}: {value.name} has fixed size on axes {fixed} "
+                f"({[d.dim_value for d in dims]}); the traced shape was baked into the graph"
+            )
+
+
+def _is_label_axis(task: str, value, axis: int) -> bool:
+    # The only static axis is the label axis of classify / ner logits.
+    return value.name == "logits" and task in ("classify", "ner") and axis == len(value.type.tensor_type.shape.dim) - 1

@@ -1,0 +1,275 @@
+"""export_bundle: checkpoint -> verified ONNX variants + tokenizer + bundle.json.
+
+Everything is built in a staging directory next to `out_dir` and moved into place only
+after every check passed, so a failed export never leaves a half-written bundle behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .bundle import (
+    DEFAULT_QA,
+    FORMAT_VERSION,
+    BundleManifest,
+    VariantInfo,
+    file_info,
+    task_io,
+    write_manifest,
+)
+from .onnx_export import DEFAULT_OPSET, ExportError, export_onnx, load_head
+from .verify import FP32_TOLERANCE, VerificationError, compare_variant, require_passed, verification_cases
+
+VARIANTS = ("fp32", "fused", "int8", "fp16")
+FILES = {"fp32": "model.onnx", "fused": "model_fused.onnx", "int8": "model_int8.onnx", "fp16": "model_fp16.onnx"}
+PRECISION = {"fp32": "fp32", "fused": "fp32", "int8": "int8", "fp16": "fp16"}
+DEVICE = {"fp32": "any", "fused": "any", "int8": "cpu", "fp16": "cuda"}
+# The fused kernels reorder float sums (Attention, SkipLayerNorm) but stay fp32.
+FUSED_TOLERANCE = 1e-4
+# fp16 keeps ~3 significant digits; the bound is relative to the largest reference logit.
+FP16_RELATIVE_TOLERANCE = 1e-2
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+__all__ = ["export_bundle", "ExportError", "VerificationError", "VARIANTS"]
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for package in ("torch", "onnx", "onnxruntime", "transformers", "numpy", "tokenizers"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package] = "not installed"
+    return out
+
+
+def _do_lower_case(checkpoint_dir: Path) -> bool:
+    config_file = checkpoint_dir / "tokenizer_config.json"
+    if config_file.is_file():
+        value = json.loads(config_file.read_text(encoding="utf-8")).get("do_lower_case")
+        if value is not None:
+            return bool(value)
+    tokenizer_file = checkpoint_dir / "tokenizer.json"
+    if tokenizer_file.is_file():
+        normalizer = json.loads(tokenizer_file.read_text(encoding="utf-8")).get("normalizer") or {}
+        return bool(normalizer.get("lowercase", False))
+    return True  # BERT's uncased default, as BertTokenizer assumes
+
+
+def _labels(config, task: str) -> tuple[list[str] | None, str | None]:
+    if task not in ("classify", "ner"):
+        return None, None
+    id2label = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
+    if sorted(id2label) != list(range(len(id2label))):
+        raise ExportError(f"config id2label keys {sorted(id2label)} are not 0..{len(id2label) - 1}")
+    labels = [id2label[i] for i in range(len(id2label))]
+    if task == "ner":
+        return labels, None
+    return labels, "regression" if len(labels) == 1 else "single_label_classification"
+
+
+def _qa_defaults(overrides: dict[str, int] | None, max_seq_len: int) -> dict[str, int]:
+    merged = {**DEFAULT_QA, **(overrides or {})}
+    unknown = set(merged) - set(DEFAULT_QA)
+    if unknown:
+        raise ExportError(f"unknown qa_defaults key(s) {sorted(unknown)}; known: {sorted(DEFAULT_QA)}")
+    for key, value in merged.items():
+        if not isinstance(value, int) or value < 1:
+            raise ExportError(f"qa_defaults[{key!r}] must be a positive int, got {value!r}")
+    if merged["doc_stride"] >= max_seq_len or merged["max_query_len"] >= max_seq_len:
+        raise ExportError(f"qa doc_stride / max_query_len must be < max_seq_len {max_seq_len}: {merged}")
+    return merged
+
+
+def _copy_tokenizer(checkpoint_dir: Path, stage: Path) -> dict[str, Any]:
+    copied = {}
+    for name in TOKENIZER_FILES:
+        if (checkpoint_dir / name).is_file():
+            shutil.copyfile(checkpoint_dir / name, stage / name)
+            copied[name] = file_info(stage / name)
+    if "vocab.txt" not in copied and "tokenizer.json" not in copied:
+        raise ExportError(f"{checkpoint_dir} has neither vocab.txt nor tokenizer.json: the bundle needs a tokenizer")
+    return copied
+
+
+def _fp16_check(task: str, path: Path, cases, references) -> dict[str, Any]:
+    """fp16 targets CUDA; ORT CPU may lack fp16 kernels, in which case we only say so."""
+    try:
+        report = compare_variant(task, path, cases, references, tolerance=None)
+    except Exception as e:  # ORT raises its own exception types (NOT_IMPLEMENTED, ...)
+        return {"passed": None, "status": f"not verified on CPU: {type(e).__name__}: {str(e)[:300]}"}
+    scale = max(1.0, *(float(np.abs(v).max()) for ref in references for v in ref.values()))
+    report["tolerance"] = FP16_RELATIVE_TOLERANCE * scale
+    report["passed"] = report["max_abs_diff"] <= report["tolerance"]
+    report["status"] = "verified with ORT CPU (CUDA not tested here)"
+    return report
+
+
+def export_bundle(
+    checkpoint_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    variants: Sequence[str] = VARIANTS,
+    max_seq_len: int | None = None,
+    eval_batches: list[dict[str, np.ndarray]] | None = None,
+    metric_fn: Callable[[list[dict[str, np.ndarray]]], dict] | None = None,
+    qa_defaults: dict[str, int] | None = None,
+    name: str | None = None,
+    opset: int = DEFAULT_OPSET,
+    overwrite: bool = False,
+    log: Callable[[str], None] = lambda message: None,
+) -> Path:
+    """Export `checkpoint_dir` (config.task names the head) into the bundle `out_dir`.
+
+    Raises ExportError / VerificationError (with the offending case) and leaves `out_dir`
+    untouched when any check fails. Returns `out_dir`.
+    """
+    from . import optimize, quantize
+
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise ExportError(f"unknown variant(s) {unknown or '(none given)'}; choose from {VARIANTS}")
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise ExportError(f"{out_dir} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
+
+    started = time.perf_counter()
+    log(f"loading {checkpoint_dir}")
+    model, config = load_head(checkpoint_dir)
+    task = config.task
+    max_seq_len = max_seq_len or config.max_position_embeddings
+    if not 2 <= max_seq_len <= config.max_position_embeddings:
+        raise ExportError(
+            f"max_seq_len {max_seq_len} must be in [2, max_position_embeddings={config.max_position_embeddings}]"
+        )
+    labels, problem_type = _labels(config, task)
+    qa = _qa_defaults(qa_defaults, max_seq_len) if task == "qa" else None
+    if eval_batches is not None:
+        eval_batches = quantize.check_eval_batches(task, eval_batches, max_seq_len)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        paths = {v: stage / FILES[v] for v in VARIANTS}
+        verification, optimization, quantization = {}, {}, {}
+        wanted = set(variants)
+
+        log(f"exporting {task} head to ONNX (opset {opset}, TorchScript exporter)")
+        export_onnx(model, config, paths["fp32"], opset)
+        cases = verification_cases(task, config.vocab_size, max_seq_len)
+        from .onnx_export import OnnxHead
+        from .verify import run_torch
+
+        wrapper = OnnxHead(model, task).eval()
+        output_names = [o["name"] for o in task_io(task, config.num_labels)[1]]
+        references = [run_torch(wrapper, output_names, case.feeds) for case in cases]
+        verification["fp32"] = compare_variant(task, paths["fp32"], cases, references, FP32_TOLERANCE)
+        require_passed("fp32", verification["fp32"])
+        log(f"fp32 parity ok: max abs diff {verification['fp32']['max_abs_diff']:.2e} over {len(cases)} shapes")
+
+        fused_ok = False
+        if wanted & {"fused", "int8", "fp16"}:
+            log("fusing transformer subgraphs (onnxruntime.transformers.optimizer)")
+            optimization = optimize.fuse(paths["fp32"], paths["fused"], config, task)
+            verification["fused"] = compare_variant(task, paths["fused"], cases, references, FUSED_TOLERANCE)
+            require_passed("fused", verification["fused"])
+            fused_ok = True
+            log(f"fused: {optimization['fused_operator_counts']}; max abs diff "
+                f"{verification['fused']['max_abs_diff']:.2e}")
+        base = "fused" if fused_ok else "fp32"
+
+        if "int8" in wanted:
+            log(f"int8 dynamic quantization of the {base} graph")
+            quantization = quantize.quantize_int8(paths[base], paths["int8"])
+            # Shape coverage for int8 too; its accuracy is judged below, not by a tolerance.
+            verification["int8"] = compare_variant(task, paths["int8"], cases, references, None)
+            verification["int8"]["note"] = "informational: int8 accuracy is in the quantization report"
+            from .verify import random_eval_batches
+
+            source = "caller eval_batches" if eval_batches is not None else "random tokens (no eval_batches given)"
+            batches = eval_batches if eval_batches is not None else random_eval_batches(
+                task, config.vocab_size, max_seq_len)
+            quantization["accuracy_vs_fp32"] = quantize.measure(
+                task, paths["fp32"], paths["int8"], batches, source, metric_fn)
+            log(f"int8 accuracy vs fp32: {quantization['accuracy_vs_fp32']}")
+
+        if "fp16" in wanted:
+            log(f"fp16 conversion of the {base} graph")
+            optimization["fp16"] = optimize.to_fp16(paths[base], paths["fp16"])
+            verification["fp16"] = _fp16_check(task, paths["fp16"], cases, references)
+            if verification["fp16"]["passed"] is False:
+                raise VerificationError(
+                    f"fp16 graph differs from PyTorch by {verification['fp16']['max_abs_diff']:.3g} "
+                    f"> {verification['fp16']['tolerance']:.3g}"
+                )
+            log(f"fp16: {verification['fp16']['status']}")
+
+        for v in VARIANTS:
+            if v not in wanted:
+                paths[v].unlink(missing_ok=True)
+                verification.pop(v, None)
+        tokenizer_files = _copy_tokenizer(checkpoint_dir, stage)
+        inputs, outputs = task_io(task, config.num_labels)
+        manifest = BundleManifest(
+            format_version=FORMAT_VERSION,
+            task=task,
+            name=name or checkpoint_dir.resolve().name,
+            labels=labels,
+            problem_type=problem_type,
+            max_seq_len=max_seq_len,
+            do_lower_case=_do_lower_case(checkpoint_dir),
+            inputs=inputs,
+            outputs=outputs,
+            variants={
+                v: VariantInfo(FILES[v], *_hash(paths[v]), PRECISION[v], DEVICE[v]) for v in VARIANTS if v in wanted
+            },
+            tokenizer_files=tokenizer_files,
+            qa_defaults=qa,
+            verification=verification,
+            optimization=optimization,
+            quantization=quantization,
+            versions=_versions(),
+            model={
+                "hidden_size": config.hidden_size,
+                "num_hidden_layers": config.num_hidden_layers,
+                "num_attention_heads": config.num_attention_heads,
+                "vocab_size": config.vocab_size,
+                "hidden_act": config.hidden_act,
+                "opset": opset,
+                "source_checkpoint": str(checkpoint_dir.resolve()),
+            },
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        write_manifest(stage, manifest)
+        _move_into_place(stage, out_dir)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    log(f"bundle written to {out_dir} in {time.perf_counter() - started:.1f}s")
+    return out_dir
+
+
+def _hash(path: Path) -> tuple[str, int]:
+    info = file_info(path)
+    return info.sha256, info.bytes
+
+
+def _move_into_place(stage: Path, out_dir: Path) -> None:
+    stage.chmod(0o755)  # mkdtemp makes it 0700
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{time.time_ns()}")
+        out_dir.rename(old)
+        stage.rename(out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        stage.rename(out_dir)

@@ -52,7 +52,8 @@ def labels_for(name: str, ids: torch.Tensor, config) -> dict:
         return {"labels": labels}
     if name == "BertForQuestionAnswering":
         # one gold position out of range: both implementations clamp and ignore it
-        return {"start_positions": torch.tensor([1, 4, 99][:b]), "end_positions": torch.tensor([2, 6, 99][:b])}
+        starts, ends = torch.tensor([1, 4, 99][:b]), torch.tensor([2, 6, 99][:b])
+        return {"start_positions": starts, "end_positions": ends}
     if name == "BertForMultipleChoice":
         return {"labels": torch.tensor([0, 1, 0][:b])}
     if name == "BertForPreTraining":

@@ -2,7 +2,8 @@
 # BERT inference service images.
 #   docker build -t bert-serving:cpu .                  CPU serving, onnxruntime, no torch (default target)
 #   docker build --target gpu -t bert-serving:gpu .     CUDA 12 + cuDNN 9 runtime, onnxruntime-gpu
-# Both carry the default model bundles in /models, built here by the `builder` stage (torch, CPU).
+# Both carry the default model bundles in /models, built here by the builder stages (torch, CPU):
+# fp32/fused/int8 variants for the CPU image, fp32/fp16 for the GPU image.
 # Run: docker run -p 8000:8000 bert-serving:cpu      (mount other bundles with -v DIR:/models:ro)
 ARG PYTHON_VERSION=3.11
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
@@ -26,6 +27,11 @@ COPY . .
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && python -m export.defaults --out /models
 
+# ---------------------------------------------------------------- builder-gpu: bundles with fp16
+# Only `--target gpu` builds this stage (BuildKit skips stages a target does not need).
+FROM builder AS builder-gpu
+RUN python -m export.defaults --out /models-gpu --variants fp32,fp16
+
 # ---------------------------------------------------------------- gpu: CUDA runtime + onnxruntime-gpu
 FROM ${CUDA_IMAGE} AS gpu
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -41,7 +47,7 @@ COPY --from=builder /reqs/serve-gpu.txt /tmp/requirements.txt
 RUN pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
 COPY --from=builder /wheels /tmp/wheels
 RUN pip install --no-deps /tmp/wheels/*.whl && rm -rf /tmp/wheels
-COPY --from=builder /models /models
+COPY --from=builder-gpu /models-gpu /models
 COPY --chmod=755 deploy/entrypoint.sh /usr/local/bin/entrypoint.sh
 WORKDIR /srv
 USER 10001:10001

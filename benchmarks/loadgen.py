@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import math
 import random
 import sys
 import time
@@ -148,7 +149,7 @@ def _summary(samples: list[Sample], elapsed_s: float) -> dict[str, Any]:
 
 
 def build_report(config: LoadConfig, samples: list[Sample], elapsed_s: float, dropped: int) -> dict[str, Any]:
-    report = {
+    return {
         "config": {
             **asdict(config),
             "api_key": "***" if config.api_key else None,
@@ -162,14 +163,12 @@ def build_report(config: LoadConfig, samples: list[Sample], elapsed_s: float, dr
             name: _summary([s for s in samples if s.endpoint == name], elapsed_s) for name in config.endpoints
         },
     }
-    return report
 
 
 class _Runner:
     def __init__(self, config: LoadConfig, client: httpx.AsyncClient):
         self.config, self.client = config, client
-        rng = random.Random(config.seed)
-        self.rng = rng
+        self.rng = rng = random.Random(config.seed)
         self.names = [n for n, w in config.endpoints.items() if w > 0]
         self.weights = [config.endpoints[n] for n in self.names]
         self.pools = {n: [make_payload(n, rng) for _ in range(POOL_SIZE)] for n in self.names}
@@ -210,15 +209,16 @@ class _Runner:
         loop = asyncio.get_running_loop()
         assert self.config.rate
         interval = 1.0 / self.config.rate
+        total = math.inf
+        if self.config.duration_s is not None:  # arrivals at 0, 1/R, ... strictly before the end
+            total = math.ceil(self.config.duration_s * self.config.rate - 1e-9)
+        if self.config.max_requests is not None:
+            total = min(total, self.config.max_requests)
         started = loop.time()
         in_flight: set[asyncio.Task[None]] = set()
         dropped = arrivals = 0
-        while True:
+        while arrivals < total:
             due = started + arrivals * interval
-            if self.config.max_requests is not None and arrivals >= self.config.max_requests:
-                break
-            if self.config.duration_s is not None and due - started >= self.config.duration_s:
-                break
             await asyncio.sleep(max(0.0, due - loop.time()))
             arrivals += 1
             if len(in_flight) >= self.config.concurrency:

@@ -47,8 +47,8 @@ serve() {
   is_uint "$WORKERS" && ((WORKERS >= 1)) || die "WORKERS must be a positive integer, got '$WORKERS'"
   local level="${LOG_LEVEL,,}"
   case "$level" in
-    critical | error | warning | info | debug | trace) ;;
-    *) die "LOG_LEVEL must be one of critical, error, warning, info, debug, trace; got '$LOG_LEVEL'" ;;
+    critical | error | warning | info | debug) ;;
+    *) die "LOG_LEVEL must be one of critical, error, warning, info, debug; got '$LOG_LEVEL'" ;;
   esac
   [[ -d "$MODELS_DIR" ]] || die "MODELS_DIR '$MODELS_DIR' is not a directory (mount the bundles at /models)"
 

@@ -14,12 +14,12 @@ from .bundle import (
 
 __all__ = [
     "BundleError", "BundleManifest", "VariantInfo", "load_bundle_manifest", "verify_bundle_files",
-    "export_bundle", "ExportError",
+    "export_bundle", "ExportError", "VerificationError",
 ]
 
 
 def __getattr__(name: str):
-    if name in ("export_bundle", "ExportError"):
+    if name in ("export_bundle", "ExportError", "VerificationError"):
         from . import pipeline
 
         return getattr(pipeline, name)

@@ -94,7 +94,9 @@ class BundleManifest:
 
     def _variant(self, variant: str) -> VariantInfo:
         if variant not in self.variants:
-            raise BundleError(f"bundle {self.name!r} has no variant {variant!r}; it has {sorted(self.variants)}")
+            raise BundleError(
+                f"bundle {self.name!r} has no variant {variant!r}; it has {sorted(self.variants)}"
+            )
         return self.variants[variant]
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,7 +148,7 @@ def manifest_from_dict(data: dict[str, Any], where: str = MANIFEST_NAME) -> Bund
         raise BundleError(f"{where}: no variants listed")
     variants = {}
     for name, info in data["variants"].items():
-        _require(info, ("file", "sha256", "bytes", "precision", "intended_device"), f"{where}: variant {name!r}")
+        _require(info, tuple(VariantInfo.__dataclass_fields__), f"{where}: variant {name!r}")
         _check_file_name(info["file"], f"variant {name!r}")
         if info["precision"] not in PRECISIONS or info["intended_device"] not in DEVICES:
             raise BundleError(

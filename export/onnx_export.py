@@ -112,7 +112,11 @@ def check_graph(path: Path, task: str) -> None:
     onnx.checker.check_model(graph, full_check=True)
     for value in list(graph.graph.input) + list(graph.graph.output):
         dims = value.type.tensor_type.shape.dim
-        fixed = [i for i, d in enumerate(dims) if d.HasField("dim_value") and not _is_label_axis(task, value, i)]
+        fixed = [
+            i
+            for i, d in enumerate(dims)
+            if d.HasField("dim_value") and not _is_label_axis(task, value.name, i, dims)
+        ]
         if fixed:
             raise ExportError(
                 f"{path.name}: {value.name} has fixed size on axes {fixed} "
@@ -120,6 +124,6 @@ def check_graph(path: Path, task: str) -> None:
             )
 
 
-def _is_label_axis(task: str, value, axis: int) -> bool:
+def _is_label_axis(task: str, name: str, axis: int, dims) -> bool:
     # The only static axis is the label axis of classify / ner logits.
-    return value.name == "logits" and task in ("classify", "ner") and axis == len(value.type.tensor_type.shape.dim) - 1
+    return name == "logits" and task in ("classify", "ner") and axis == len(dims) - 1

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import optimize, quantize
 from .bundle import (
     DEFAULT_QA,
     FORMAT_VERSION,
@@ -27,11 +28,21 @@ from .bundle import (
     task_io,
     write_manifest,
 )
-from .onnx_export import DEFAULT_OPSET, ExportError, export_onnx, load_head
-from .verify import FP32_TOLERANCE, VerificationError, compare_variant, require_passed, verification_cases
+from .onnx_export import DEFAULT_OPSET, ExportError, OnnxHead, export_onnx, load_head
+from .verify import (
+    FP32_TOLERANCE,
+    VerificationError,
+    compare_variant,
+    random_eval_batches,
+    require_passed,
+    run_torch,
+    verification_cases,
+)
 
 VARIANTS = ("fp32", "fused", "int8", "fp16")
-FILES = {"fp32": "model.onnx", "fused": "model_fused.onnx", "int8": "model_int8.onnx", "fp16": "model_fp16.onnx"}
+FILES = {
+    "fp32": "model.onnx", "fused": "model_fused.onnx", "int8": "model_int8.onnx", "fp16": "model_fp16.onnx",
+}
 PRECISION = {"fp32": "fp32", "fused": "fp32", "int8": "int8", "fp16": "fp16"}
 DEVICE = {"fp32": "any", "fused": "any", "int8": "cpu", "fp16": "cuda"}
 # The fused kernels reorder float sums (Attention, SkipLayerNorm) but stay fp32.
@@ -79,15 +90,25 @@ def _labels(config, task: str) -> tuple[list[str] | None, str | None]:
 
 
 def _qa_defaults(overrides: dict[str, int] | None, max_seq_len: int) -> dict[str, int]:
-    merged = {**DEFAULT_QA, **(overrides or {})}
-    unknown = set(merged) - set(DEFAULT_QA)
+    """SQuAD-style defaults, shrunk to fit short windows unless the caller set them."""
+    overrides = dict(overrides or {})
+    unknown = set(overrides) - set(DEFAULT_QA)
     if unknown:
         raise ExportError(f"unknown qa_defaults key(s) {sorted(unknown)}; known: {sorted(DEFAULT_QA)}")
+    merged = dict(DEFAULT_QA)
+    short_query = min(DEFAULT_QA["max_query_len"], max_seq_len // 4)
+    merged["max_query_len"] = overrides.get("max_query_len", short_query)
+    capacity = max_seq_len - merged["max_query_len"] - 3  # [CLS] question [SEP] context [SEP]
+    merged["doc_stride"] = overrides.get("doc_stride", min(DEFAULT_QA["doc_stride"], capacity // 2))
+    merged["max_answer_len"] = overrides.get("max_answer_len", DEFAULT_QA["max_answer_len"])
     for key, value in merged.items():
-        if not isinstance(value, int) or value < 1:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ExportError(f"qa_defaults[{key!r}] must be a positive int, got {value!r}")
-    if merged["doc_stride"] >= max_seq_len or merged["max_query_len"] >= max_seq_len:
-        raise ExportError(f"qa doc_stride / max_query_len must be < max_seq_len {max_seq_len}: {merged}")
+    if merged["doc_stride"] >= capacity:
+        raise ExportError(
+            f"qa doc_stride {merged['doc_stride']} must be smaller than the context window "
+            f"max_seq_len {max_seq_len} - max_query_len {merged['max_query_len']} - 3 = {capacity}"
+        )
     return merged
 
 
@@ -98,7 +119,9 @@ def _copy_tokenizer(checkpoint_dir: Path, stage: Path) -> dict[str, Any]:
             shutil.copyfile(checkpoint_dir / name, stage / name)
             copied[name] = file_info(stage / name)
     if "vocab.txt" not in copied and "tokenizer.json" not in copied:
-        raise ExportError(f"{checkpoint_dir} has neither vocab.txt nor tokenizer.json: the bundle needs a tokenizer")
+        raise ExportError(
+            f"{checkpoint_dir} has neither vocab.txt nor tokenizer.json: the bundle needs a tokenizer"
+        )
     return copied
 
 
@@ -131,18 +154,17 @@ def export_bundle(
 ) -> Path:
     """Export `checkpoint_dir` (config.task names the head) into the bundle `out_dir`.
 
-    Raises ExportError / VerificationError (with the offending case) and leaves `out_dir`
+    Raises ExportError / VerificationError (naming the offending case) and leaves `out_dir`
     untouched when any check fails. Returns `out_dir`.
     """
-    from . import optimize, quantize
-
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise ExportError(f"unknown variant(s) {unknown or '(none given)'}; choose from {VARIANTS}")
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise ExportError(f"{out_dir} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
-
+        raise ExportError(
+            f"{out_dir} exists and is not empty; pass overwrite=True (--overwrite) to replace it"
+        )
     started = time.perf_counter()
     log(f"loading {checkpoint_dir}")
     model, config = load_head(checkpoint_dir)
@@ -150,7 +172,8 @@ def export_bundle(
     max_seq_len = max_seq_len or config.max_position_embeddings
     if not 2 <= max_seq_len <= config.max_position_embeddings:
         raise ExportError(
-            f"max_seq_len {max_seq_len} must be in [2, max_position_embeddings={config.max_position_embeddings}]"
+            f"max_seq_len {max_seq_len} must be in "
+            f"[2, max_position_embeddings={config.max_position_embeddings}]"
         )
     labels, problem_type = _labels(config, task)
     qa = _qa_defaults(qa_defaults, max_seq_len) if task == "qa" else None
@@ -160,66 +183,15 @@ def export_bundle(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
-        paths = {v: stage / FILES[v] for v in VARIANTS}
-        verification, optimization, quantization = {}, {}, {}
-        wanted = set(variants)
-
-        log(f"exporting {task} head to ONNX (opset {opset}, TorchScript exporter)")
-        export_onnx(model, config, paths["fp32"], opset)
-        cases = verification_cases(task, config.vocab_size, max_seq_len)
-        from .onnx_export import OnnxHead
-        from .verify import run_torch
-
-        wrapper = OnnxHead(model, task).eval()
-        output_names = [o["name"] for o in task_io(task, config.num_labels)[1]]
-        references = [run_torch(wrapper, output_names, case.feeds) for case in cases]
-        verification["fp32"] = compare_variant(task, paths["fp32"], cases, references, FP32_TOLERANCE)
-        require_passed("fp32", verification["fp32"])
-        log(f"fp32 parity ok: max abs diff {verification['fp32']['max_abs_diff']:.2e} over {len(cases)} shapes")
-
-        fused_ok = False
-        if wanted & {"fused", "int8", "fp16"}:
-            log("fusing transformer subgraphs (onnxruntime.transformers.optimizer)")
-            optimization = optimize.fuse(paths["fp32"], paths["fused"], config, task)
-            verification["fused"] = compare_variant(task, paths["fused"], cases, references, FUSED_TOLERANCE)
-            require_passed("fused", verification["fused"])
-            fused_ok = True
-            log(f"fused: {optimization['fused_operator_counts']}; max abs diff "
-                f"{verification['fused']['max_abs_diff']:.2e}")
-        base = "fused" if fused_ok else "fp32"
-
-        if "int8" in wanted:
-            log(f"int8 dynamic quantization of the {base} graph")
-            quantization = quantize.quantize_int8(paths[base], paths["int8"])
-            # Shape coverage for int8 too; its accuracy is judged below, not by a tolerance.
-            verification["int8"] = compare_variant(task, paths["int8"], cases, references, None)
-            verification["int8"]["note"] = "informational: int8 accuracy is in the quantization report"
-            from .verify import random_eval_batches
-
-            source = "caller eval_batches" if eval_batches is not None else "random tokens (no eval_batches given)"
-            batches = eval_batches if eval_batches is not None else random_eval_batches(
-                task, config.vocab_size, max_seq_len)
-            quantization["accuracy_vs_fp32"] = quantize.measure(
-                task, paths["fp32"], paths["int8"], batches, source, metric_fn)
-            log(f"int8 accuracy vs fp32: {quantization['accuracy_vs_fp32']}")
-
-        if "fp16" in wanted:
-            log(f"fp16 conversion of the {base} graph")
-            optimization["fp16"] = optimize.to_fp16(paths[base], paths["fp16"])
-            verification["fp16"] = _fp16_check(task, paths["fp16"], cases, references)
-            if verification["fp16"]["passed"] is False:
-                raise VerificationError(
-                    f"fp16 graph differs from PyTorch by {verification['fp16']['max_abs_diff']:.3g} "
-                    f"> {verification['fp16']['tolerance']:.3g}"
-                )
-            log(f"fp16: {verification['fp16']['status']}")
-
-        for v in VARIANTS:
-            if v not in wanted:
-                paths[v].unlink(missing_ok=True)
-                verification.pop(v, None)
-        tokenizer_files = _copy_tokenizer(checkpoint_dir, stage)
-        inputs, outputs = task_io(task, config.num_labels)
+        run = _Run(task, config, stage, set(variants), log)
+        run.fp32(model, opset, max_seq_len)
+        if run.wanted & {"fused", "int8", "fp16"}:
+            run.fused()
+        if "int8" in run.wanted:
+            run.int8(eval_batches, metric_fn, max_seq_len)
+        if "fp16" in run.wanted:
+            run.fp16()
+        run.drop_unwanted()
         manifest = BundleManifest(
             format_version=FORMAT_VERSION,
             task=task,
@@ -228,16 +200,18 @@ def export_bundle(
             problem_type=problem_type,
             max_seq_len=max_seq_len,
             do_lower_case=_do_lower_case(checkpoint_dir),
-            inputs=inputs,
-            outputs=outputs,
+            inputs=task_io(task, config.num_labels)[0],
+            outputs=task_io(task, config.num_labels)[1],
             variants={
-                v: VariantInfo(FILES[v], *_hash(paths[v]), PRECISION[v], DEVICE[v]) for v in VARIANTS if v in wanted
+                v: VariantInfo(FILES[v], *_hash(run.paths[v]), PRECISION[v], DEVICE[v])
+                for v in VARIANTS
+                if v in run.wanted
             },
-            tokenizer_files=tokenizer_files,
+            tokenizer_files=_copy_tokenizer(checkpoint_dir, stage),
             qa_defaults=qa,
-            verification=verification,
-            optimization=optimization,
-            quantization=quantization,
+            verification=run.verification,
+            optimization=run.optimization,
+            quantization=run.quantization,
             versions=_versions(),
             model={
                 "hidden_size": config.hidden_size,
@@ -257,6 +231,85 @@ def export_bundle(
         raise
     log(f"bundle written to {out_dir} in {time.perf_counter() - started:.1f}s")
     return out_dir
+
+
+class _Run:
+    """The graphs of one export and their reports, built stage by stage in `stage`."""
+
+    def __init__(self, task: str, config, stage: Path, wanted: set[str], log: Callable[[str], None]):
+        self.task, self.config, self.wanted, self.log = task, config, wanted, log
+        self.paths = {v: stage / FILES[v] for v in VARIANTS}
+        self.verification: dict[str, Any] = {}
+        self.optimization: dict[str, Any] = {}
+        self.quantization: dict[str, Any] = {}
+        self.base = "fp32"  # the graph int8 / fp16 start from
+
+    def fp32(self, model, opset: int, max_seq_len: int) -> None:
+        self.log(f"exporting {self.task} head to ONNX (opset {opset}, TorchScript exporter)")
+        export_onnx(model, self.config, self.paths["fp32"], opset)
+        self.cases = verification_cases(self.task, self.config.vocab_size, max_seq_len)
+        wrapper = OnnxHead(model, self.task).eval()
+        names = [o["name"] for o in task_io(self.task, self.config.num_labels)[1]]
+        self.references = [run_torch(wrapper, names, case.feeds) for case in self.cases]
+        self.verification["fp32"] = self._compare("fp32", FP32_TOLERANCE)
+        require_passed("fp32", self.verification["fp32"])
+        worst = self.verification["fp32"]["max_abs_diff"]
+        self.log(f"fp32 parity ok: max abs diff {worst:.2e} over {len(self.cases)} shapes")
+
+    def _compare(self, variant: str, tolerance: float | None) -> dict[str, Any]:
+        return compare_variant(self.task, self.paths[variant], self.cases, self.references, tolerance)
+
+    def fused(self) -> None:
+        self.log("fusing transformer subgraphs (onnxruntime.transformers.optimizer)")
+        try:
+            self.optimization = optimize.fuse(self.paths["fp32"], self.paths["fused"], self.config)
+            self.verification["fused"] = self._compare("fused", FUSED_TOLERANCE)
+            require_passed("fused", self.verification["fused"])
+        except Exception as e:
+            if "fused" in self.wanted:
+                raise
+            # Only int8 / fp16 were asked for: build them from the plain graph instead.
+            self.optimization = {"error": f"{type(e).__name__}: {e}", "fallback": "int8/fp16 built from fp32"}
+            self.verification.pop("fused", None)
+            self.log(f"fusion failed, using the fp32 graph for int8/fp16: {e}")
+            return
+        self.base = "fused"
+        self.log(f"fused: {self.optimization['fused_operator_counts']}; max abs diff "
+                 f"{self.verification['fused']['max_abs_diff']:.2e}")
+
+    def int8(self, eval_batches, metric_fn, max_seq_len: int) -> None:
+        self.log(f"int8 dynamic quantization of the {self.base} graph")
+        self.quantization = quantize.quantize_int8(self.paths[self.base], self.paths["int8"])
+        # Shape coverage for int8 too; its accuracy is judged on eval features below.
+        self.verification["int8"] = self._compare("int8", None)
+        self.verification["int8"]["note"] = "informational: int8 accuracy is in the quantization report"
+        if eval_batches is not None:
+            source, batches = "caller eval_batches", eval_batches
+        else:
+            source = "random tokens (no eval_batches given)"
+            batches = random_eval_batches(self.task, self.config.vocab_size, max_seq_len)
+        acc = quantize.measure(self.task, self.paths["fp32"], self.paths["int8"], batches, source, metric_fn)
+        self.quantization["accuracy_vs_fp32"] = acc
+        rate = "n/a" if acc["argmax_agreement"] is None else f"{acc['argmax_agreement']:.1%}"
+        self.log(f"int8 vs fp32 on {source}: argmax agreement {rate} of {acc['decisions_compared']} "
+                 f"decisions, max |diff| {acc['max_abs_diff']:.3g}, mean {acc['mean_abs_diff']:.3g}")
+
+    def fp16(self) -> None:
+        self.log(f"fp16 conversion of the {self.base} graph")
+        self.optimization["fp16"] = optimize.to_fp16(self.paths[self.base], self.paths["fp16"])
+        report = _fp16_check(self.task, self.paths["fp16"], self.cases, self.references)
+        self.verification["fp16"] = report
+        if report["passed"] is False:
+            raise VerificationError(
+                f"fp16 graph differs from PyTorch by {report['max_abs_diff']:.3g} > {report['tolerance']:.3g}"
+            )
+        self.log(f"fp16: {report['status']}")
+
+    def drop_unwanted(self) -> None:
+        for v in VARIANTS:
+            if v not in self.wanted:
+                self.paths[v].unlink(missing_ok=True)
+                self.verification.pop(v, None)
 
 
 def _hash(path: Path) -> tuple[str, int]:

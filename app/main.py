@@ -1,0 +1,147 @@
+"""App factory. `MODELS_DIR=<dir> uvicorn app.main:app` serves every bundle under <dir>.
+
+Startup discovers the bundles (a configuration error stops the process); loading, hash
+checks and warm-up then run in the background while /health answers and /ready says 503.
+On shutdown /ready turns 503 first, in-flight requests finish, then the batchers drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from .errors import install_error_handlers
+from .logs import configure_logging
+from .metrics import Metrics
+from .middleware import BodyLimitMiddleware, InFlight, RequestContextMiddleware
+from .registry import Registry
+from .routes import router
+from .services import make_service
+from .settings import Settings
+
+log = logging.getLogger("app.main")
+
+DESCRIPTION = """
+BERT inference over ONNX Runtime: classification, NER, multiple choice and extractive QA.
+Requests from all clients are batched dynamically per model. Errors are JSON objects
+`{"error", "message", "fields"}`; every response carries `X-Request-ID`, and inference
+responses a `Server-Timing` header (tokenize, queue, inference, postprocess).
+"""
+
+
+@dataclass
+class ServiceState:
+    settings: Settings
+    metrics: Metrics
+    registry: Registry
+    in_flight: InFlight
+    shutting_down: bool = False
+    loader: asyncio.Task | None = field(default=None, repr=False)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight (the one asking excluded by the caller)."""
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight.count > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return self.in_flight.count <= 0
+
+
+def _hook_termination(state: ServiceState) -> Callable[[], None]:
+    """Turn readiness off the moment SIGTERM/SIGINT arrives, before the server starts draining.
+
+    The server's own handler (uvicorn's) still runs; the returned function restores it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(sig)
+        if not callable(handler):
+            continue
+
+        def on_signal(signum: int, frame: Any, _prev: Callable[..., Any] = handler) -> None:
+            state.shutting_down = True
+            _prev(signum, frame)
+
+        previous[sig] = handler
+        signal.signal(sig, on_signal)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, handler)
+
+    return restore
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    configure_logging(settings.log_level)
+    metrics = Metrics()
+    state = ServiceState(
+        settings=settings,
+        metrics=metrics,
+        registry=Registry(settings, metrics, make_service),
+        in_flight=InFlight(metrics),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.registry.discover()  # ConfigError here stops the server: nothing sensible to serve
+        state.loader = asyncio.create_task(state.registry.load_all(), name="load-bundles")
+        restore_signals = _hook_termination(state)
+        try:
+            yield
+        finally:
+            state.shutting_down = True
+            log.info("shutting down: readiness is off, waiting for in-flight requests")
+            if not await state.wait_idle(settings.shutdown_grace_s):
+                log.warning(
+                    "shutdown grace period over with requests still in flight",
+                    extra={"in_flight": state.in_flight.count},
+                )
+            if not state.loader.done():
+                state.loader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await state.loader
+            await state.registry.close()
+            restore_signals()
+            log.info("shutdown complete")
+
+    app = FastAPI(
+        title="BERT inference service",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.service_state = state
+    install_error_handlers(app)
+    app.include_router(router)
+    # Added innermost first: the request-context middleware wraps everything, CORS headers
+    # reach error responses too, and oversized bodies stop before FastAPI parses them.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    origins = settings.cors_origin_list
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "Server-Timing", "Retry-After"],
+        )
+    app.add_middleware(RequestContextMiddleware, metrics=metrics, in_flight=state.in_flight)
+    return app
+
+
+app = create_app()

@@ -1,0 +1,81 @@
+"""Prometheus metrics. The names are a contract: the Grafana dashboard queries exactly these."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+STAGES = ("tokenize", "queue", "inference", "postprocess")
+
+
+class Metrics:
+    """One registry per app, so several apps (tests) never collide in the global registry."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        # prometheus_client appends `_total` to counters: these expose bert_requests_total and
+        # bert_rejected_total.
+        self.requests = Counter("bert_requests", "HTTP requests", ["endpoint", "status"], registry=r)
+        self.latency = Histogram(
+            "bert_request_latency_seconds",
+            "HTTP request latency",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "bert_stage_seconds",
+            "Time per request stage",
+            ["stage", "task"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "bert_batch_size", "Work items per inference batch", ["task"], buckets=BATCH_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "bert_batch_padded_tokens",
+            "Padded tokens (longest x rows) per batch",
+            ["task"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge("bert_queue_depth", "Work items waiting for a batch", ["task"], registry=r)
+        self.rejected = Counter("bert_rejected", "Work refused or dropped", ["task", "reason"], registry=r)
+        self.model_ready = Gauge(
+            "bert_model_ready", "1 when the bundle is loaded and warmed", ["task", "bundle"], registry=r
+        )
+        self.in_flight = Gauge("bert_in_flight_requests", "Requests being served", registry=r)
+
+    def observer(self, task: str) -> BatcherMetrics:
+        return BatcherMetrics(self, task)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class BatcherMetrics:
+    """The batcher's observer hooks, bound to one task's labels."""
+
+    def __init__(self, metrics: Metrics, task: str):
+        self._batch = metrics.batch_size.labels(task=task)
+        self._tokens = metrics.batch_tokens.labels(task=task)
+        self._depth = metrics.queue_depth.labels(task=task)
+        self._metrics, self._task = metrics, task
+
+    def on_batch(self, items: int, rows: int, padded_tokens: int) -> None:
+        self._batch.observe(items)
+        self._tokens.observe(padded_tokens)
+
+    def on_queue_depth(self, depth: int) -> None:
+        self._depth.set(depth)
+
+    def on_rejected(self, reason: str, count: int) -> None:
+        self._metrics.rejected.labels(task=self._task, reason=reason).inc(count)

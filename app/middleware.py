@@ -1,0 +1,146 @@
+"""Pure ASGI middleware: request ids, access logs and request metrics; the request body limit."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import error_response
+from .logs import new_request_id, request_id_var
+from .metrics import Metrics
+
+log = logging.getLogger("app.access")
+
+TASK_PATHS = {"/classify": "classify", "/ner": "ner", "/multiple-choice": "multiple-choice", "/qa": "qa"}
+KNOWN_PATHS = set(TASK_PATHS) | {
+    "/health",
+    "/ready",
+    "/metrics",
+    "/models",
+    "/docs",
+    "/openapi.json",
+    "/redoc",
+}
+QUIET_PATHS = {"/health", "/ready", "/metrics"}
+
+
+def endpoint_label(path: str) -> str:
+    # Raw paths would let any client create unbounded metric label values.
+    return path if path in KNOWN_PATHS else "other"
+
+
+class InFlight:
+    """Requests being served; shutdown waits for this to reach zero."""
+
+    def __init__(self, metrics: Metrics):
+        self.count = 0
+        self._gauge = metrics.in_flight
+
+    def enter(self) -> None:
+        self.count += 1
+        self._gauge.inc()
+
+    def leave(self) -> None:
+        self.count -= 1
+        self._gauge.dec()
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics, in_flight: InFlight):
+        self.app, self.metrics, self.in_flight = app, metrics, in_flight
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = new_request_id(Headers(scope=scope).get("x-request-id"))
+        token = request_id_var.set(request_id)
+        endpoint = endpoint_label(scope["path"])
+        state: dict[str, Any] = {"status": 500, "started": False}
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                state["status"], state["started"] = message["status"], True
+                MutableHeaders(scope=message)["X-Request-ID"] = request_id
+            await send(message)
+
+        started = time.perf_counter()
+        self.in_flight.enter()
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            # Last line of defence: log the traceback, answer a bare 500 without it.
+            log.exception("unhandled error", extra={"path": scope["path"]})
+            state["status"] = 500
+            if not state["started"]:
+                response = error_response(
+                    500, "internal_error", f"internal server error (request id {request_id})"
+                )
+                await response(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            self.in_flight.leave()
+            status = str(state["status"])
+            self.metrics.requests.labels(endpoint=endpoint, status=status).inc()
+            self.metrics.latency.labels(endpoint=endpoint).observe(elapsed)
+            log.log(
+                logging.DEBUG if scope["path"] in QUIET_PATHS else logging.INFO,
+                "request",
+                extra={
+                    "method": scope.get("method"),
+                    "path": scope["path"],
+                    "status": state["status"],
+                    "duration_ms": round(elapsed * 1000, 2),
+                },
+            )
+            request_id_var.reset(token)
+
+
+class BodyLimitMiddleware:
+    """Read the whole body up to `max_bytes` before the app sees it: 413 beyond, without buffering more."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics):
+        self.app, self.max_bytes, self.metrics = app, max_bytes, metrics
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, size: str) -> None:
+        task = TASK_PATHS.get(scope["path"], "none")
+        self.metrics.rejected.labels(task=task, reason="payload_too_large").inc()
+        message = f"request body is {size} bytes; the limit is {self.max_bytes} (MAX_BODY_BYTES)"
+        response = error_response(413, "payload_too_large", message, [{"field": "body", "message": message}])
+        await response(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(scope, receive, send, declared)
+            return
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # client gone before it finished sending
+            body = message.get("body", b"")
+            total += len(body)
+            if total > self.max_bytes:
+                await self._reject(scope, receive, send, f"more than {self.max_bytes}")
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # after the body: wait for the disconnect, as the server would
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,164 @@
+"""ONNX Runtime sessions: device and variant selection, thread budget, IO binding on CUDA.
+
+The selection functions are pure so they can be tested without a GPU; `create_runtime`
+takes the session factory as a parameter for the same reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("app.runtime")
+
+CUDA_EP = "CUDAExecutionProvider"
+CPU_EP = "CPUExecutionProvider"
+CPU_VARIANT_ORDER = ("int8", "fused", "fp32")
+CUDA_VARIANT_ORDER = ("fp16", "fp32")
+
+
+class RuntimeConfigError(RuntimeError):
+    """The requested device or variant cannot be honoured; the service must not start on it."""
+
+
+def resolve_device(requested: str, available_providers: list[str]) -> str:
+    """'auto' | 'cpu' | 'cuda' -> 'cpu' | 'cuda', given onnxruntime.get_available_providers()."""
+    if requested == "cpu":
+        return "cpu"
+    has_cuda = CUDA_EP in available_providers
+    if requested == "cuda":
+        if not has_cuda:
+            raise RuntimeConfigError(
+                f"DEVICE=cuda but this onnxruntime build offers only {available_providers}; "
+                "install onnxruntime-gpu (and CUDA/cuDNN) or set DEVICE=cpu"
+            )
+        return "cuda"
+    if requested != "auto":
+        raise RuntimeConfigError(f"DEVICE must be auto, cpu or cuda, got {requested!r}")
+    return "cuda" if has_cuda else "cpu"
+
+
+def choose_variant(device: str, variants: Mapping[str, Any], cpu_variant: str = "int8") -> str:
+    """FP16 on GPU; CPU_VARIANT (then int8 > fused > fp32) on CPU. Falls back loudly, never silently."""
+    if device == "cuda":
+        order: tuple[str, ...] = CUDA_VARIANT_ORDER
+    else:
+        order = (cpu_variant, *[v for v in CPU_VARIANT_ORDER if v != cpu_variant])
+    for variant in order:
+        if variant in variants:
+            if variant != order[0]:
+                log.warning(
+                    "preferred variant missing, using another",
+                    extra={"device": device, "preferred": order[0], "variant": variant},
+                )
+            return variant
+    raise RuntimeConfigError(
+        f"bundle has variants {sorted(variants)}; none of {list(order)} can run on {device}"
+    )
+
+
+def providers_for(device: str) -> list[Any]:
+    if device == "cuda":
+        # CPU stays listed for the few nodes CUDA lacks kernels for; check_providers still
+        # insists that CUDA itself is active.
+        return [(CUDA_EP, {"device_id": 0}), CPU_EP]
+    return [CPU_EP]
+
+
+def session_threads(configured: int, n_sessions: int, cores: int) -> int:
+    """Explicit INTRA_OP_THREADS, else share the cores between the sessions (at least 1 each)."""
+    if configured > 0:
+        return configured
+    return max(1, cores // max(1, n_sessions))
+
+
+def check_providers(active: list[str], device: str, model_path: Path | str) -> None:
+    """ORT drops the CUDA provider with only a warning when its libraries fail to load: refuse that."""
+    if device == "cuda" and CUDA_EP not in active:
+        raise RuntimeConfigError(
+            f"{Path(model_path).name}: DEVICE resolved to cuda but the session runs on {active}; "
+            "CUDA libraries (CUDA 12, cuDNN 9) are probably missing. Refusing to fall back to CPU"
+        )
+
+
+class OrtRuntime:
+    """`run(inputs) -> outputs` over one InferenceSession; float32 outputs whatever the variant."""
+
+    def __init__(self, session: Any, device: str, io_binding: bool | None = None):
+        self.session = session
+        self.device = device
+        self.io_binding = device == "cuda" if io_binding is None else io_binding
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.providers = list(session.get_providers())
+
+    @property
+    def provider(self) -> str:
+        return self.providers[0] if self.providers else "unknown"
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = [n for n in self.input_names if n not in inputs]
+        if missing:
+            raise ValueError(f"model inputs {missing} were not provided")
+        feed = {n: np.ascontiguousarray(inputs[n], dtype=np.int64) for n in self.input_names}
+        if self.io_binding:
+            values = self._run_bound(feed)
+        else:
+            values = self.session.run(self.output_names, feed)
+        return {n: np.asarray(v, dtype=np.float32) for n, v in zip(self.output_names, values, strict=True)}
+
+    def _run_bound(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        # Inputs are copied to the device once; outputs stay there until the final copy back,
+        # instead of ORT staging every tensor through pageable host memory per run.
+        binding = self.session.io_binding()
+        for name, value in feed.items():
+            binding.bind_cpu_input(name, value)
+        for name in self.output_names:
+            binding.bind_output(name, "cuda")
+        binding.synchronize_inputs()
+        self.session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        return binding.copy_outputs_to_cpu()
+
+
+def session_options(threads: int, spinning: bool) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not spinning:
+        # Several sessions share the cores: idle threads spinning would steal them from each other.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def create_runtime(
+    model_path: Path,
+    device: str,
+    threads: int,
+    spinning: bool = True,
+    session_factory: Callable[..., Any] | None = None,
+) -> OrtRuntime:
+    """One InferenceSession on `device` ('cpu' | 'cuda', already resolved); verifies the provider."""
+    if session_factory is None:
+        import onnxruntime as ort
+
+        session_factory = ort.InferenceSession
+    session = session_factory(
+        str(model_path), sess_options=session_options(threads, spinning), providers=providers_for(device)
+    )
+    check_providers(list(session.get_providers()), device, model_path)
+    return OrtRuntime(session, device)
+
+
+def available_providers() -> list[str]:
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())

@@ -1,0 +1,221 @@
+"""Request and response models. The examples are what /docs offers to "Try it out"."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+
+def _check_text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty or only whitespace")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # lone surrogates such as "\ud800" survive JSON decoding
+        raise ValueError(f"contains a character that is not valid Unicode at position {e.start}") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_check_text)]
+Aggregation = Literal["none", "simple", "first", "average", "max"]
+
+
+class Request(BaseModel):
+    # A misspelt field ("txt") is an error that names it, not a silently ignored key.
+    model_config = ConfigDict(extra="forbid")
+
+
+# ----------------------------------------------------------------------------- classify
+
+
+class ClassifyInput(Request):
+    text: Text
+    text_pair: Text | None = None
+
+
+class ClassifyRequest(Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"text": "this movie was great fun", "top_k": 2},
+                {"inputs": [{"text": "a great film"}, {"text": "boring", "text_pair": "a terrible movie"}]},
+            ]
+        },
+    )
+    text: Text | None = Field(None, description="One text; or use `inputs` for a batch")
+    text_pair: Text | None = Field(None, description="Optional second segment (sentence-pair tasks)")
+    inputs: list[ClassifyInput] | None = Field(None, min_length=1, description="A batch of texts")
+    top_k: int | None = Field(None, ge=1, description="Return only the k best labels (default: all)")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ClassifyRequest:
+        if (self.text is None) == (self.inputs is None):
+            raise ValueError("give either 'text' (one input) or 'inputs' (a batch), not both or neither")
+        if self.inputs is not None and self.text_pair is not None:
+            raise ValueError("'text_pair' goes inside each element of 'inputs' for a batch")
+        return self
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class ClassifyResult(BaseModel):
+    label: str
+    score: float = Field(description="Probability of `label`; the predicted value for regression")
+    scores: list[LabelScore] = Field(description="Labels by decreasing probability (sum to 1 when complete)")
+    value: float | None = Field(None, description="Regression output (regression bundles only)")
+    truncated: bool = Field(description="True when the text was cut to the model's max_seq_len")
+    windows: int = Field(description="Windows averaged (CLASSIFY_LONG_TEXT=windows), else 1")
+
+
+class ClassifyBatchResponse(BaseModel):
+    results: list[ClassifyResult]
+
+
+# ----------------------------------------------------------------------------- ner
+
+
+class NERRequest(Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"text": "John Smith lives in New York.", "aggregation": "first"}]},
+    )
+    text: Text
+    aggregation: Aggregation = Field(
+        "first",
+        description="none: one entry per token; simple: join tokens; first/average/max: one label per "
+        "word from its first / averaged / most confident sub-token",
+    )
+
+
+class EntityOut(BaseModel):
+    entity: str = Field(description="Entity type (for aggregation=none, the token label such as B-PER)")
+    text: str = Field(description="Equal to input[start:end]")
+    start: int = Field(description="Character offset, inclusive")
+    end: int = Field(description="Character offset, exclusive")
+    score: float
+
+
+class NERResponse(BaseModel):
+    entities: list[EntityOut]
+    windows: int = Field(description="Overlapping windows the text was split into")
+
+
+# ----------------------------------------------------------------------------- multiple choice
+
+
+class ChoiceRequest(Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "context": "The cat sat on the mat.",
+                    "question": "Where did the cat sit?",
+                    "choices": ["on the mat", "in the river", "at the house"],
+                }
+            ]
+        },
+    )
+    context: Text
+    question: Text | None = Field(None, description="Optional; a '_' in it is filled with each choice")
+    choices: list[Text] = Field(min_length=2, description="At least two candidate answers")
+
+
+class ChoiceResponse(BaseModel):
+    best: int = Field(description="Index of the best choice")
+    choice: str = Field(description="Text of the best choice")
+    scores: list[float] = Field(description="Softmax over the choices, in request order")
+
+
+# ----------------------------------------------------------------------------- qa
+
+
+class QARequest(Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "question": "Where does John live?",
+                    "context": "John Smith lives in Paris, the capital of France.",
+                    "top_k": 1,
+                }
+            ]
+        },
+    )
+    question: Text
+    context: Text
+    top_k: int = Field(1, ge=1, le=20, description="Number of answers")
+    max_answer_len: int | None = Field(None, ge=1, le=512, description="Longest answer in tokens")
+    doc_stride: int | None = Field(
+        None, ge=0, le=512, description="Tokens shared by consecutive context windows (default: the bundle's)"
+    )
+    handle_impossible_answer: bool = Field(False, description="Let the empty answer compete (SQuAD 2.0)")
+
+
+class AnswerOut(BaseModel):
+    text: str = Field(description="Equal to context[start:end]; empty for 'no answer'")
+    start: int
+    end: int
+    score: float
+
+
+class QAResponse(BaseModel):
+    answers: list[AnswerOut]
+    windows: int = Field(description="Context windows the model read")
+
+
+# ----------------------------------------------------------------------------- operations
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+    type: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="Machine-readable code, e.g. invalid_request, overloaded")
+    message: str
+    fields: list[FieldError] | None = None
+    request_id: str | None = None
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    status: str = Field(description="ready | loading | failed | shutting_down")
+    models: dict[str, str] = Field(description="Bundle name -> status")
+    errors: dict[str, str] = Field(default_factory=dict)
+
+
+class ModelInfo(BaseModel):
+    name: str
+    path: str
+    task: str | None
+    status: str
+    error: str | None = None
+    labels: list[str] | None = None
+    problem_type: str | None = None
+    variant: str | None = None
+    precision: str | None = None
+    device: str | None = None
+    execution_provider: str | None = None
+    providers: list[str] = Field(default_factory=list)
+    intra_op_threads: int | None = None
+    max_seq_len: int | None = None
+    qa_defaults: dict[str, int] | None = None
+    limits: dict[str, int | float | str] = Field(default_factory=dict)
+    load_seconds: float | None = None
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelInfo]

@@ -1,0 +1,333 @@
+"""Per-task services: encode with processing/, submit work items to the batcher, post-process.
+
+All task logic (windows, packing, aggregation, answer search) lives in processing/; this
+module only checks service limits, moves data between the two and measures the stages.
+CPU-bound steps run in worker threads so the event loop stays responsive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from export.bundle import DEFAULT_QA
+from processing import choice as choice_proc
+from processing import classify as classify_proc
+from processing import ner as ner_proc
+from processing import qa as qa_proc
+from processing.tokenizer import Encoding
+
+from .batcher import ItemResult, WorkItem
+from .errors import ApiError
+from .metrics import Metrics
+from .schemas import (
+    AnswerOut,
+    ChoiceRequest,
+    ChoiceResponse,
+    ClassifyBatchResponse,
+    ClassifyRequest,
+    ClassifyResult,
+    EntityOut,
+    LabelScore,
+    NERRequest,
+    NERResponse,
+    QARequest,
+    QAResponse,
+)
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .registry import Bundle
+
+
+class Timings:
+    """Seconds per stage for one request: Server-Timing header and bert_stage_seconds."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.stages[stage] = self.stages.get(stage, 0.0) + max(0.0, seconds)
+
+    @contextmanager
+    def measure(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(stage, time.perf_counter() - started)
+
+    def header(self) -> str:
+        return ", ".join(f"{stage};dur={seconds * 1000:.2f}" for stage, seconds in self.stages.items())
+
+    def observe(self, metrics: Metrics, task: str) -> None:
+        for stage, seconds in self.stages.items():
+            metrics.stage.labels(stage=stage, task=task).observe(seconds)
+
+
+async def gather_all(futures: Sequence[asyncio.Future]) -> list[ItemResult]:
+    """Wait for every future (so none is left with an unretrieved exception), then raise the first error."""
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return list(results)
+
+
+def check_chars(value: str, limit: int, field: str, setting: str) -> None:
+    if len(value) > limit:
+        raise ApiError(
+            413,
+            "text_too_long",
+            f"{field} has {len(value)} characters; the limit is {limit} ({setting})",
+            field,
+        )
+
+
+class TaskService:
+    task = ""
+
+    def __init__(self, bundle: Bundle, settings: Settings):
+        assert bundle.manifest is not None and bundle.tokenizer is not None and bundle.batcher is not None
+        self.bundle = bundle
+        self.manifest = bundle.manifest
+        self.tokenizer = bundle.tokenizer
+        self.batcher = bundle.batcher
+        self.settings = settings
+        self.max_seq_len = self.manifest.max_seq_len
+        # Windows must advance: the overlap stays below half a window.
+        self.window_overlap = min(settings.window_overlap, (self.max_seq_len - 2) // 2)
+
+    async def infer(self, items: list[WorkItem], timings: Timings) -> list[ItemResult]:
+        """Submit (raises QueueFull / TooLarge / BatcherClosed at once) and wait for every item."""
+        futures = self.batcher.submit(items)
+        started = time.perf_counter()
+        try:
+            results = await gather_all(futures)
+        finally:
+            for future in futures:
+                future.cancel()  # no-op when done; drops queued work when the caller went away
+        waited = time.perf_counter() - started
+        # Several batches may serve one request: model time is the sum over distinct batches.
+        inference = sum({r.batch_id: r.inference_s for r in results}.values())
+        inference = min(inference, waited)
+        timings.add("inference", inference)
+        timings.add("queue", waited - inference)
+        return results
+
+
+def sequence_items(encodings: Sequence[Encoding]) -> list[WorkItem]:
+    return [WorkItem(payload=e, length=len(e)) for e in encodings]
+
+
+class ClassifyService(TaskService):
+    task = "classify"
+
+    def __init__(self, bundle: Bundle, settings: Settings):
+        super().__init__(bundle, settings)
+        self.regression = self.manifest.problem_type == "regression"
+        self.labels = list(self.manifest.labels or [])
+        self.long_text = settings.classify_long_text
+
+    def _validate(self, request: ClassifyRequest) -> list[tuple[str, str | None]]:
+        if request.inputs is not None:
+            if len(request.inputs) > self.settings.max_batch_items:
+                raise ApiError(
+                    422,
+                    "too_many_inputs",
+                    f"inputs has {len(request.inputs)} items; the limit is {self.settings.max_batch_items} "
+                    "(MAX_BATCH_ITEMS)",
+                    "inputs",
+                )
+            pairs = [(i.text, i.text_pair) for i in request.inputs]
+            prefixes = [f"inputs.{n}." for n in range(len(pairs))]
+        else:
+            assert request.text is not None
+            pairs, prefixes = [(request.text, request.text_pair)], [""]
+        for (text, pair), prefix in zip(pairs, prefixes, strict=True):
+            check_chars(text, self.settings.max_text_chars, f"{prefix}text", "MAX_TEXT_CHARS")
+            if pair is not None:
+                check_chars(pair, self.settings.max_text_chars, f"{prefix}text_pair", "MAX_TEXT_CHARS")
+        n_labels = 1 if self.regression else len(self.labels)
+        if request.top_k is not None and request.top_k > n_labels:
+            raise ApiError(
+                422, "invalid_request", f"top_k must be between 1 and {n_labels} (the labels)", "top_k"
+            )
+        return pairs
+
+    def _encode(self, pairs: list[tuple[str, str | None]]) -> list[tuple[list[Encoding], bool]]:
+        out = []
+        for text, pair in pairs:
+            encodings = classify_proc.encode_for_classify(
+                self.tokenizer, text, pair, self.max_seq_len, self.long_text, self.window_overlap
+            )
+            out.append((encodings, len(encodings) == 1 and self._was_truncated(encodings[0], text, pair)))
+        return out
+
+    def _was_truncated(self, encoding: Encoding, text: str, pair: str | None) -> bool:
+        if len(encoding) < self.max_seq_len:
+            return False  # cheap common case: room to spare means nothing was cut
+        tokens = len(self.tokenizer.tokenize(text)) + (len(self.tokenizer.tokenize(pair)) + 1 if pair else 0)
+        return tokens + 2 > self.max_seq_len
+
+    async def __call__(
+        self, request: ClassifyRequest, timings: Timings
+    ) -> ClassifyResult | ClassifyBatchResponse:
+        pairs = self._validate(request)
+        with timings.measure("tokenize"):
+            encoded = await asyncio.to_thread(self._encode, pairs)
+        items = sequence_items([e for encodings, _ in encoded for e in encodings])
+        results = await self.infer(items, timings)
+        with timings.measure("postprocess"):
+            outputs, cursor = [], 0
+            for encodings, truncated in encoded:
+                logits = np.stack([r.outputs["logits"] for r in results[cursor : cursor + len(encodings)]])
+                cursor += len(encodings)
+                result = classify_proc.classify_from_logits(
+                    logits, self.labels, regression=self.regression, top_k=request.top_k
+                )
+                outputs.append(
+                    ClassifyResult(
+                        label=result.label,
+                        score=result.score,
+                        value=result.value,
+                        truncated=truncated,
+                        windows=result.windows,
+                        scores=[LabelScore(label=s.label, score=s.score) for s in result.scores],
+                    )
+                )
+        return outputs[0] if request.inputs is None else ClassifyBatchResponse(results=outputs)
+
+
+class NERService(TaskService):
+    task = "ner"
+
+    def __init__(self, bundle: Bundle, settings: Settings):
+        super().__init__(bundle, settings)
+        self.id2label = dict(enumerate(self.manifest.labels or []))
+
+    def _encode(self, text: str) -> tuple[Any, list[ner_proc.NERWindow]]:
+        tokens = self.tokenizer.tokenize(text)
+        return tokens, ner_proc.make_windows(self.tokenizer, tokens, self.max_seq_len, self.window_overlap)
+
+    async def __call__(self, request: NERRequest, timings: Timings) -> NERResponse:
+        check_chars(request.text, self.settings.max_text_chars, "text", "MAX_TEXT_CHARS")
+        with timings.measure("tokenize"):
+            tokens, windows = await asyncio.to_thread(self._encode, request.text)
+        results = await self.infer(sequence_items([w.encoding for w in windows]), timings)
+        with timings.measure("postprocess"):
+            entities = await asyncio.to_thread(self._entities, request, tokens, windows, results)
+        return NERResponse(entities=entities, windows=len(windows))
+
+    def _entities(
+        self, request: NERRequest, tokens: Any, windows: list, results: list[ItemResult]
+    ) -> list[EntityOut]:
+        logits = ner_proc.merge_window_logits(len(tokens), windows, [r.outputs["logits"] for r in results])
+        found = ner_proc.aggregate_entities(request.text, tokens, logits, self.id2label, request.aggregation)
+        return [
+            EntityOut(entity=e.entity, text=e.text, start=e.start, end=e.end, score=e.score) for e in found
+        ]
+
+
+class ChoiceService(TaskService):
+    task = "multiple-choice"
+
+    async def __call__(self, request: ChoiceRequest, timings: Timings) -> ChoiceResponse:
+        limit = self.settings.max_choices
+        if len(request.choices) > limit:
+            raise ApiError(
+                422,
+                "too_many_choices",
+                f"choices has {len(request.choices)} items; the limit is {limit} (MAX_CHOICES)",
+                "choices",
+            )
+        check_chars(request.context, self.settings.max_text_chars, "context", "MAX_TEXT_CHARS")
+        if request.question is not None:
+            check_chars(request.question, self.settings.max_text_chars, "question", "MAX_TEXT_CHARS")
+        for n, option in enumerate(request.choices):
+            check_chars(option, self.settings.max_text_chars, f"choices.{n}", "MAX_TEXT_CHARS")
+        with timings.measure("tokenize"):
+            encodings = await asyncio.to_thread(
+                choice_proc.encode_choices,
+                self.tokenizer,
+                request.context,
+                request.question,
+                request.choices,
+                self.max_seq_len,
+            )
+        # One [choices, seq] group per request; only groups with as many choices share a batch.
+        item = WorkItem(
+            payload=encodings,
+            length=max(len(e) for e in encodings),
+            rows=len(encodings),
+            shape_key=len(encodings),
+        )
+        (result,) = await self.infer([item], timings)
+        with timings.measure("postprocess"):
+            picked = choice_proc.choice_from_logits(result.outputs["logits"], request.choices)
+        return ChoiceResponse(best=picked.best, choice=picked.choice, scores=picked.scores)
+
+
+class QAService(TaskService):
+    task = "qa"
+
+    def __init__(self, bundle: Bundle, settings: Settings):
+        super().__init__(bundle, settings)
+        defaults = {**DEFAULT_QA, **(self.manifest.qa_defaults or {})}
+        self.max_query_len = int(defaults["max_query_len"])
+        self.max_answer_len = int(defaults["max_answer_len"])
+        # The bundle's stride must fit the smallest window (longest question) or every request fails.
+        smallest_window = qa_proc.window_capacity(self.max_seq_len, self.max_query_len)
+        self.doc_stride = max(0, min(int(defaults["doc_stride"]), smallest_window // 2))
+
+    async def __call__(self, request: QARequest, timings: Timings) -> QAResponse:
+        check_chars(request.question, self.settings.max_text_chars, "question", "MAX_TEXT_CHARS")
+        check_chars(request.context, self.settings.max_qa_context_chars, "context", "MAX_QA_CONTEXT_CHARS")
+        stride = self.doc_stride if request.doc_stride is None else request.doc_stride
+        with timings.measure("tokenize"):
+            try:
+                qa_input = await asyncio.to_thread(
+                    qa_proc.make_windows,
+                    self.tokenizer,
+                    request.question,
+                    request.context,
+                    self.max_seq_len,
+                    stride,
+                    self.max_query_len,
+                )
+            except ValueError as e:  # the stride does not fit this question's window
+                raise ApiError(422, "invalid_request", str(e), "doc_stride") from None
+        results = await self.infer(sequence_items([w.encoding for w in qa_input.windows]), timings)
+        with timings.measure("postprocess"):
+            answers = await asyncio.to_thread(
+                qa_proc.best_answers,
+                qa_input,
+                [r.outputs["start_logits"] for r in results],
+                [r.outputs["end_logits"] for r in results],
+                top_k=request.top_k,
+                n_best=max(20, request.top_k),
+                max_answer_len=request.max_answer_len or self.max_answer_len,
+                handle_impossible_answer=request.handle_impossible_answer,
+            )
+        return QAResponse(
+            answers=[AnswerOut(text=a.text, start=a.start, end=a.end, score=a.score) for a in answers],
+            windows=len(qa_input.windows),
+        )
+
+
+SERVICES: dict[str, type[TaskService]] = {
+    "classify": ClassifyService,
+    "ner": NERService,
+    "multiple-choice": ChoiceService,
+    "qa": QAService,
+}
+
+
+def make_service(bundle: Bundle, settings: Settings) -> TaskService:
+    assert bundle.task is not None
+    return SERVICES[bundle.task](bundle, settings)

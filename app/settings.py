@@ -1,0 +1,91 @@
+"""Service configuration, read from environment variables (no prefix) by pydantic-settings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+TASK_NAMES = ("classify", "ner", "multiple-choice", "qa")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
+
+    models_dir: Path = Field(Path("models"), description="Directory whose sub-directories are bundles")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    cpu_variant: Literal["int8", "fused", "fp32"] = "int8"
+    intra_op_threads: int = Field(0, ge=0, description="ORT threads per session; 0 = cores / sessions")
+    max_batch_size: int = Field(32, ge=1)
+    max_batch_tokens: int = Field(8192, ge=1, description="Padded tokens per batch: longest x rows")
+    max_wait_ms: float = Field(5.0, ge=0)
+    max_queue: int = Field(512, ge=1, description="Queued work items per model before 429")
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_text_chars: int = Field(20_000, ge=1)
+    max_qa_context_chars: int = Field(100_000, ge=1)
+    max_batch_items: int = Field(64, ge=1)
+    max_choices: int = Field(16, ge=2)
+    window_overlap: int = Field(32, ge=0, description="Tokens shared by NER / classify windows")
+    api_key: SecretStr | None = None
+    cors_origins: str = ""
+    log_level: str = "INFO"
+    default_bundles: str = ""
+    classify_long_text: Literal["truncate", "windows"] = "truncate"
+    shutdown_grace_s: float = Field(30.0, ge=0, description="How long shutdown waits for in-flight work")
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_none(cls, value: object) -> object:
+        return None if value in ("", None) else value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"):
+            raise ValueError(f"LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {value!r}")
+        return level
+
+    @field_validator("default_bundles")
+    @classmethod
+    def _parse_defaults(cls, value: str) -> str:
+        parse_default_bundles(value)  # raise early on a malformed value
+        return value
+
+    @property
+    def cors_origin_list(self) -> list[str]:
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]
+
+    @property
+    def default_bundle_map(self) -> dict[str, str]:
+        return parse_default_bundles(self.default_bundles)
+
+
+def parse_default_bundles(value: str) -> dict[str, str]:
+    """'qa=squad-minilm,ner=conll' -> {'qa': 'squad-minilm', 'ner': 'conll'}."""
+    out: dict[str, str] = {}
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        task, sep, name = part.partition("=")
+        task, name = task.strip(), name.strip()
+        if not sep or not name:
+            raise ValueError(f"DEFAULT_BUNDLES entry {part!r} must look like task=bundle-name")
+        if task not in TASK_NAMES:
+            raise ValueError(
+                f"DEFAULT_BUNDLES names unknown task {task!r}; tasks are {', '.join(TASK_NAMES)}"
+            )
+        out[task] = name
+    return out
+
+
+def available_cores() -> int:
+    """Cores this process may run on (respects CPU affinity, e.g. taskset or cpusets)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)

@@ -1,0 +1,106 @@
+"""`python -m export CHECKPOINT_DIR OUT_DIR [options]`: build a verified model bundle."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .bundle import DEFAULT_QA, BundleError, load_bundle_manifest
+
+ALL_VARIANTS = ("fp32", "fused", "int8", "fp16")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m export",
+        description=(
+            "Export a fine-tuned checkpoint (HF layout, config.json with `task` and labels) to a "
+            "self-describing bundle: ONNX variants, tokenizer files and bundle.json with hashes and "
+            "verification / fusion / quantization reports. Fails (exit 1, nothing written) when the "
+            "ONNX graph disagrees with PyTorch."
+        ),
+    )
+    parser.add_argument("checkpoint_dir", type=Path, help="fine-tuned checkpoint directory (config.task set)")
+    parser.add_argument("out_dir", type=Path, help="bundle directory to create")
+    parser.add_argument(
+        "--variants", default=",".join(ALL_VARIANTS),
+        help="comma-separated subset of fp32 (plain graph), fused (ORT transformer fusions), "
+             "int8 (dynamic quantization, CPU), fp16 (CUDA); default: all four",
+    )
+    parser.add_argument(
+        "--max-seq-len", type=int, default=None,
+        help="longest sequence the bundle accepts; verified at this length "
+             "(default: config max_position_embeddings)",
+    )
+    parser.add_argument("--name", default=None, help="bundle name in bundle.json (default: checkpoint dir)")
+    parser.add_argument("--opset", type=int, default=17, help="ONNX opset, >= 17 (default: 17)")
+    qa = parser.add_argument_group("question answering defaults (qa checkpoints only)")
+    qa.add_argument("--doc-stride", type=int, default=None,
+                    help=f"overlap between context windows (default {DEFAULT_QA['doc_stride']}, "
+                         "shrunk to fit short max-seq-len)")
+    qa.add_argument("--max-query-len", type=int, default=None,
+                    help=f"question tokens kept (default {DEFAULT_QA['max_query_len']}, shrunk to fit)")
+    qa.add_argument("--max-answer-len", type=int, default=None,
+                    help=f"longest answer span in tokens (default {DEFAULT_QA['max_answer_len']})")
+    parser.add_argument(
+        "--eval-features", type=Path, default=None,
+        help=".npz with input_ids, attention_mask, token_type_ids ([N, seq] or [N, choices, seq]) used to "
+             "measure the int8 accuracy cost; default: random-token inputs",
+    )
+    parser.add_argument("--eval-batch-size", type=int, default=32, help="batch size for --eval-features")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    return parser.parse_args(argv)
+
+
+def load_eval_features(path: Path, batch_size: int) -> list[dict[str, np.ndarray]]:
+    if not path.is_file():
+        raise ValueError(f"--eval-features {path} does not exist")
+    with np.load(path) as data:
+        missing = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k not in data]
+        if missing:
+            raise ValueError(f"--eval-features {path} lacks array(s) {', '.join(missing)}")
+        arrays = {k: data[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    n = len(arrays["input_ids"])
+    if batch_size < 1:
+        raise ValueError(f"--eval-batch-size must be >= 1, got {batch_size}")
+    return [{k: v[i : i + batch_size] for k, v in arrays.items()} for i in range(0, n, batch_size)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    qa = {k: v for k, v in (("doc_stride", args.doc_stride), ("max_query_len", args.max_query_len),
+                            ("max_answer_len", args.max_answer_len)) if v is not None}
+
+    def log(message: str) -> None:
+        if not args.quiet:
+            print(f"[export] {message}", file=sys.stderr, flush=True)
+
+    from .pipeline import ExportError, VerificationError, export_bundle
+
+    try:
+        batches = load_eval_features(args.eval_features, args.eval_batch_size) if args.eval_features else None
+        out = export_bundle(
+            args.checkpoint_dir, args.out_dir, variants=variants, max_seq_len=args.max_seq_len,
+            eval_batches=batches, qa_defaults=qa or None, name=args.name, opset=args.opset,
+            overwrite=args.overwrite, log=log,
+        )
+    except (ExportError, VerificationError, BundleError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    manifest = load_bundle_manifest(out)
+    print(f"{out}: task={manifest.task} name={manifest.name} max_seq_len={manifest.max_seq_len}")
+    for name, info in manifest.variants.items():
+        check = manifest.verification.get(name, {})
+        print(f"  {name:6s} {info.file:20s} {info.bytes / 1e6:8.1f} MB  "
+              f"{info.precision}/{info.intended_device:5s} max|diff| vs torch "
+              f"{check.get('max_abs_diff', float('nan')):.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

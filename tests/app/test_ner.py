@@ -1,0 +1,86 @@
+"""NER character offsets on awkward text, and entities across overlapping windows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.app.conftest import bundle_of, serving
+
+AWKWARD = (
+    "Jöhn\t\tSmith  🎉 lives in Pâris…  Zoë   Saldaña 👩\u200d👩\u200d👧 café\tMÜLLER,\tnaïve   résumé 😀!"
+)
+STRATEGIES = ("none", "simple", "first", "average", "max")
+
+
+class MarkerNER:
+    """john -> B-PER, smith -> I-PER, paris -> B-LOC, everything else O (by token id)."""
+
+    def __init__(self, vocab: dict[str, int], labels: list[str]):
+        self.marks = {
+            vocab["john"]: labels.index("B-PER"),
+            vocab["smith"]: labels.index("I-PER"),
+            vocab["paris"]: labels.index("B-LOC"),
+        }
+        self.n_labels, self.outside = len(labels), labels.index("O")
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids = inputs["input_ids"]
+        logits = np.zeros((*ids.shape, self.n_labels), dtype=np.float32)
+        logits[..., self.outside] = 5.0
+        for token_id, label in self.marks.items():
+            logits[ids == token_id, label] = 10.0
+        return {"logits": logits}
+
+
+def install_marker(app) -> None:
+    bundle = bundle_of(app, "ner")
+    bundle.batcher.runtime = MarkerNER(bundle.tokenizer.tokenizer.get_vocab(), bundle.manifest.labels)
+
+
+async def test_offsets_on_accents_emoji_tabs_and_spaces(models_dir):
+    async with serving(models_dir) as (_, client):
+        for strategy in STRATEGIES:
+            r = await client.post("/ner", json={"text": AWKWARD, "aggregation": strategy})
+            assert r.status_code == 200, r.text
+            entities = r.json()["entities"]
+            assert entities, strategy
+            for e in entities:
+                assert AWKWARD[e["start"] : e["end"]] == e["text"], (strategy, e)
+                assert e["text"] and e["text"] == e["text"].strip(), (strategy, e)  # no edge whitespace
+        tokens = (await client.post("/ner", json={"text": AWKWARD, "aggregation": "none"})).json()["entities"]
+        starts = [e["start"] for e in tokens]
+        assert starts == sorted(set(starts))  # one entry per token, in text order
+
+
+async def test_exact_entities_in_awkward_text(models_dir):
+    async with serving(models_dir) as (app, client):
+        install_marker(app)
+        out = (await client.post("/ner", json={"text": AWKWARD})).json()
+        found = [(e["entity"], e["text"]) for e in out["entities"]]
+        assert found == [("PER", "Jöhn\t\tSmith"), ("LOC", "Pâris")]
+        for e in out["entities"]:
+            assert AWKWARD[e["start"] : e["end"]] == e["text"]
+        tokens = (await client.post("/ner", json={"text": AWKWARD, "aggregation": "none"})).json()["entities"]
+        assert [(e["entity"], e["text"]) for e in tokens] == [
+            ("B-PER", "Jöhn"),
+            ("I-PER", "Smith"),
+            ("B-LOC", "Pâris"),
+        ]
+
+
+async def test_entities_across_windows(models_dir):
+    """Every occurrence is found once, wherever it falls relative to the window edges."""
+    filler = ["the", "a", "cat", "sat", "on", "mat"]
+    words: list[str] = []
+    expected: list[int] = []
+    for n in range(40):
+        words += [filler[(n + k) % len(filler)] for k in range(n % 5 + 1)]
+        expected.append(len(" ".join(words)) + 1)
+        words += ["john", "smith"]
+    text = " ".join(words)
+    async with serving(models_dir) as (app, client):
+        install_marker(app)
+        out = (await client.post("/ner", json={"text": text})).json()
+        assert out["windows"] > 3
+        assert [e["start"] for e in out["entities"]] == expected
+        assert all(e["text"] == "john smith" and e["entity"] == "PER" for e in out["entities"])

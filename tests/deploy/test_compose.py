@@ -1,0 +1,161 @@
+"""docker-compose.yml, nginx.conf and prometheus.yml, validated structurally (no Docker engine here)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.files import DEPLOY, ROOT, check_env, compose, dockerfile_stages, load_yaml
+
+API_SERVICES = ("api", "api-gpu")
+
+
+def interpolate(value: str) -> str:
+    """Compose's `${VAR:-default}` with nothing set in the environment -> default."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
+@pytest.fixture(scope="module")
+def services():
+    return compose()["services"]
+
+
+def env_of(service: dict) -> dict[str, str]:
+    env = service["environment"]
+    assert isinstance(env, dict), "use the mapping form for environment"
+    return {k: interpolate(str(v)) for k, v in env.items()}
+
+
+def nginx_conf() -> str:
+    # Comments dropped so a commented-out directive cannot satisfy a check.
+    return re.sub(r"#[^\n]*", "", (DEPLOY / "nginx" / "nginx.conf").read_text())
+
+
+def test_interpolate():
+    assert interpolate("${API_KEY:-}") == "" and interpolate("a${X:-b}c") == "abc"
+
+
+def test_expected_services(services):
+    assert {"api", "api-gpu", "nginx", "prometheus", "grafana"} <= set(services)
+    assert services["api-gpu"]["profiles"] == ["gpu"]
+    assert "profiles" not in services["api"]
+
+
+@pytest.mark.parametrize("name", API_SERVICES)
+def test_api_is_scalable(services, name):
+    api = services[name]
+    # A fixed host port or container name makes `--scale api=N` fail on the second replica.
+    assert "ports" not in api and "container_name" not in api
+    assert str(env_of(api)["PORT"]) in [str(p) for p in api["expose"]]
+
+
+@pytest.mark.parametrize(("name", "target", "device"), [("api", "cpu", "cpu"), ("api-gpu", "gpu", "cuda")])
+def test_api_builds_the_matching_target(services, name, target, device):
+    api = services[name]
+    build = api["build"]
+    context = (DEPLOY / build["context"]).resolve()
+    assert context == ROOT
+    assert build["target"] == target and target in dockerfile_stages(context / build["dockerfile"])
+    assert api["image"] == f"bert-serving:{target}"
+    assert env_of(api)["DEVICE"] == device
+    assert (
+        "entrypoint.sh" in " ".join(api["healthcheck"]["test"])
+        and "healthcheck" in api["healthcheck"]["test"]
+    )
+
+
+@pytest.mark.parametrize("name", API_SERVICES)
+def test_api_environment_is_real_settings(services, name):
+    check_env(env_of(services[name]), f"docker-compose.yml service {name}")
+
+
+def test_unknown_setting_is_caught():
+    with pytest.raises(AssertionError, match="MAX_BATCH_SIZ"):
+        check_env({"MAX_BATCH_SIZ": "8"}, "example")
+
+
+def test_threads_match_the_cpu_limit(services):
+    api = services["api"]
+    assert float(env_of(api)["INTRA_OP_THREADS"]) == float(api["deploy"]["resources"]["limits"]["cpus"])
+
+
+def test_gpu_service_reserves_an_nvidia_gpu(services):
+    (device,) = services["api-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+
+
+def test_bind_mounts_exist(services):
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (DEPLOY / source).exists(), f"{name} mounts missing {source}"
+
+
+def upstream_target() -> tuple[str, int]:
+    match = re.search(r"upstream\s+\w+\s*\{[^}]*?\bserver\s+([\w.-]+):(\d+)\s+resolve", nginx_conf())
+    assert match, "nginx needs an upstream server with `resolve` (Docker DNS, follows --scale)"
+    return match.group(1), int(match.group(2))
+
+
+@pytest.mark.parametrize("name", API_SERVICES)
+def test_nginx_upstream_reaches_the_api(services, name):
+    host, port = upstream_target()
+    api = services[name]
+    aliases = api.get("networks", {}).get("default", {}).get("aliases", [])
+    assert host == name or host in aliases
+    assert port == int(env_of(api)["PORT"])
+    nginx = services["nginx"]
+    assert name in nginx["depends_on"]
+    assert any(v.endswith(":/etc/nginx/nginx.conf:ro") for v in nginx["volumes"])
+
+
+def test_nginx_proxy_settings(services):
+    conf = nginx_conf()
+    assert "resolver 127.0.0.11" in conf  # Docker's embedded DNS
+    assert re.search(r"proxy_set_header\s+X-Request-ID\s+\$\w+;", conf)
+    for directive in (
+        "proxy_connect_timeout",
+        "proxy_read_timeout",
+        "proxy_send_timeout",
+        "client_body_timeout",
+    ):
+        assert re.search(rf"\b{directive}\s+\d+s;", conf), directive
+    size = re.search(r"client_max_body_size\s+(\d+)([kKmM]?);", conf)
+    factor = {"": 1, "k": 1024, "m": 1 << 20}[size.group(2).lower()]
+    assert int(size.group(1)) * factor == int(env_of(services["api"])["MAX_BODY_BYTES"])
+    # Prometheus scrapes replicas directly; the balancer must not serve one replica's metrics.
+    assert re.search(r"location\s*=\s*/metrics\s*\{\s*(return\s+40\d|deny\s+all)", conf)
+    # The nginx healthcheck URL is served.
+    path = services["nginx"]["healthcheck"]["test"][-1].split("127.0.0.1", 1)[1]
+    assert re.search(rf"location\s*=\s*{re.escape(path)}\s*\{{", conf)
+
+
+def test_prometheus_scrapes_every_replica(services):
+    config = load_yaml(DEPLOY / "prometheus" / "prometheus.yml")
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "bert-api"]
+    assert job["metrics_path"] == "/metrics"
+    (sd,) = job["dns_sd_configs"]
+    for name in API_SERVICES:
+        api = services[name]
+        assert set(sd["names"]) & ({name} | set(api["networks"]["default"]["aliases"]))
+        assert sd["port"] == int(env_of(api)["PORT"])
+    mounts = services["prometheus"]["volumes"]
+    assert "./prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
+
+
+def test_grafana_is_provisioned(services):
+    grafana = services["grafana"]
+    mounts = dict(v.split(":")[:2] for v in grafana["volumes"] if v.startswith("."))
+    provisioning = DEPLOY / "grafana" / "provisioning"
+    assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
+    (datasource,) = load_yaml(provisioning / "datasources" / "prometheus.yml")["datasources"]
+    host, port = re.fullmatch(r"http://([\w-]+):(\d+)", datasource["url"]).groups()
+    assert host in services and port in [p.split(":")[-1] for p in services[host]["ports"]]
+    (provider,) = load_yaml(provisioning / "dashboards" / "dashboards.yml")["providers"]
+    dashboards_dir = provider["options"]["path"]
+    assert mounts["./grafana/dashboards"] == dashboards_dir
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (DEPLOY / "grafana" / "dashboards" / Path(home).relative_to(dashboards_dir)).is_file()

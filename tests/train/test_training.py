@@ -1,0 +1,240 @@
+"""The training loop on tiny checkpoints: every task learns, resume is exact, the CLI writes a
+loadable checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.bert import TASK_HEADS
+from model.features import TASKS, FeatureOptions
+from model.readers import read_examples
+from model.train import base_labels, build_model, build_parser, main
+from model.trainer import STATE_FILE, TrainConfig, Trainer, epoch_batches, parameter_groups
+from processing.tokenizer import TextTokenizer
+from tests.helpers.tiny import make_tiny_checkpoint
+
+from .tiny_data import write_task_data
+
+OPTIONS = FeatureOptions(max_seq_len=64, doc_stride=16, max_query_len=16, window_overlap=8)
+ALL_TASKS = ["classify", "ner", "multiple-choice", "qa"]
+
+
+def build(task: str, tmp_path: Path, config: TrainConfig, dropout: float = 0.0):
+    base = make_tiny_checkpoint(task, tmp_path / "base", hidden_dropout_prob=dropout)
+    data_path = write_task_data(task, tmp_path / "data")
+    examples = read_examples(task, data_path)
+    handler = TASKS[task](TextTokenizer.from_dir(base), OPTIONS)
+    handler.fit_labels(examples, None, base_labels(task, base))
+    torch.manual_seed(config.seed)
+    model = build_model(handler, base)
+    train = handler.features(examples, train=True)
+    valid = handler.features(examples, train=False)
+    return Trainer(model, handler, train, valid, config, tmp_path / "out")
+
+
+@pytest.mark.parametrize("task", ALL_TASKS)
+def test_loss_falls(task: str, tmp_path: Path) -> None:
+    config = TrainConfig(
+        max_steps=25,
+        batch_size=8,
+        lr=3e-3,
+        schedule="constant",
+        weight_decay=0.0,
+        eval_every=1000,
+        progress=False,
+        metric_for_best="loss",
+    )
+    trainer = build(task, tmp_path, config)
+    before = trainer.evaluate()["loss"]
+    trainer.train()
+    after = trainer.evaluate()["loss"]
+    assert after < 0.8 * before, (task, before, after)
+
+
+def test_resume_is_exact(tmp_path: Path) -> None:
+    # Dropout on, accumulation on, a decaying schedule, and a stop mid-epoch: all must replay.
+    config = TrainConfig(
+        max_steps=8,
+        batch_size=4,
+        grad_accum=2,
+        lr=2e-3,
+        schedule="linear",
+        warmup_steps=2,
+        eval_every=3,
+        progress=False,
+        metric_for_best="loss",
+    )
+    straight = build("classify", tmp_path / "a", config, dropout=0.1)
+    straight.train()
+
+    first = build(
+        "classify", tmp_path / "b", TrainConfig(**{**config.__dict__, "stop_after_steps": 3}), dropout=0.1
+    )
+    first.train()
+    assert first.step == 3 and (tmp_path / "b" / "out" / STATE_FILE).exists()
+    resumed = build("classify", tmp_path / "b", config, dropout=0.1)
+    resumed.load_state(tmp_path / "b" / "out")
+    resumed.train()
+
+    assert resumed.step == straight.step == 8
+    for (name, a), (_, b) in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    assert resumed.evaluate()["loss"] == straight.evaluate()["loss"]
+    assert resumed.best["step"] == straight.best["step"]
+
+
+def test_resume_without_state_is_an_error(tmp_path: Path) -> None:
+    trainer = build("classify", tmp_path, TrainConfig(max_steps=1, progress=False))
+    with pytest.raises(FileNotFoundError, match=STATE_FILE):
+        trainer.load_state(tmp_path / "nowhere")
+
+
+def test_epoch_batches_are_a_function_of_seed_and_epoch() -> None:
+    lengths = torch.randint(1, 50, (100,)).numpy()
+    a = epoch_batches(lengths, 100, 8, seed=1, epoch=0)
+    assert [b.tolist() for b in a] == [b.tolist() for b in epoch_batches(lengths, 100, 8, 1, 0)]
+    assert [b.tolist() for b in a] != [b.tolist() for b in epoch_batches(lengths, 100, 8, 1, 1)]
+    assert sorted(i for b in a for i in b.tolist()) == list(range(100))
+
+
+def test_no_weight_decay_on_bias_and_layernorm(tmp_path: Path) -> None:
+    model = TASK_HEADS["classify"].from_pretrained(make_tiny_checkpoint("classify", tmp_path))
+    decay, no_decay = parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(not names[id(p)].endswith("bias") and "LayerNorm" not in names[id(p)] for p in decay["params"])
+    assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_freeze_embeddings(tmp_path: Path) -> None:
+    config = TrainConfig(
+        max_steps=2,
+        batch_size=8,
+        lr=1e-2,
+        freeze_embeddings=True,
+        progress=False,
+        eval_every=1000,
+        metric_for_best="loss",
+    )
+    trainer = build("classify", tmp_path, config)
+    embeddings = trainer.model.bert.embeddings
+    tables = [
+        embeddings.word_embeddings.weight,
+        embeddings.position_embeddings.weight,
+        embeddings.token_type_embeddings.weight,
+    ]
+    before = [t.detach().clone() for t in tables]
+    layer_norm = embeddings.LayerNorm.weight.detach().clone()
+    trainer.train()
+    assert all(torch.equal(a, b) for a, b in zip(before, tables, strict=True))
+    assert not torch.equal(layer_norm, embeddings.LayerNorm.weight)
+
+
+def test_help_documents_every_option(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for action in build_parser()._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help, f"{action.option_strings} has no help"
+            assert action.option_strings[0] in text
+
+
+def test_cli_end_to_end_writes_loadable_checkpoint(tmp_path: Path) -> None:
+    base = make_tiny_checkpoint("classify", tmp_path / "base")
+    data = write_task_data("classify", tmp_path / "data")
+    out = tmp_path / "out"
+    summary = main(
+        [
+            "--task",
+            "classify",
+            "--base",
+            str(base),
+            "--train",
+            str(data),
+            "--validation-fraction",
+            "0.25",
+            "--max-steps",
+            "4",
+            "--batch-size",
+            "8",
+            "--max-seq-len",
+            "32",
+            "--lr",
+            "1e-3",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--eval-every",
+            "2",
+        ]
+    )
+    assert summary["steps"] == 4
+    model = TASK_HEADS["classify"].from_pretrained(out)
+    assert model.config.task == "classify"
+    assert model.config.id2label == {0: "negative", 1: "positive"}
+    assert (out / "vocab.txt").exists() and (out / "best" / "model.safetensors").exists()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["validation"]) >= {"accuracy", "f1", "loss"}
+    assert metrics["wall_time_s"] > 0 and "--task classify" in metrics["command"]
+    assert list((out / "runs").iterdir()), "no TensorBoard events written"
+
+
+def test_cli_stop_and_resume(tmp_path: Path) -> None:
+    base = make_tiny_checkpoint("ner", tmp_path / "base")
+    data = write_task_data("ner", tmp_path / "data")
+    common = [
+        "--task",
+        "ner",
+        "--base",
+        str(base),
+        "--train",
+        str(data),
+        "--validation",
+        str(data),
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "8",
+        "--max-seq-len",
+        "32",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
+    first = main([*common, "--stop-after-steps", "2"])
+    assert not first["finished"] and not (tmp_path / "out" / "metrics.json").exists()
+    second = main([*common, "--resume"])
+    assert second["finished"] and second["steps"] == 4
+    assert TASK_HEADS["ner"].from_pretrained(tmp_path / "out").config.id2label[0] == "O"
+
+
+def test_qa_doc_stride_that_does_not_fit_is_rejected(tmp_path: Path) -> None:
+    base = make_tiny_checkpoint("qa", tmp_path / "base")
+    data = write_task_data("qa", tmp_path / "data")
+    with pytest.raises(ValueError, match="doc_stride"):
+        main(
+            [
+                "--task",
+                "qa",
+                "--base",
+                str(base),
+                "--train",
+                str(data),
+                "--max-seq-len",
+                "32",
+                "--doc-stride",
+                "30",
+                "--out",
+                str(tmp_path / "out"),
+                "--max-steps",
+                "1",
+            ]
+        )

@@ -24,7 +24,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from .errors import install_error_handlers
 from .logs import configure_logging
 from .metrics import Metrics
-from .middleware import BodyLimitMiddleware, InFlight, RequestContextMiddleware
+from .middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
 from .registry import Registry
 from .routes import router
 from .services import make_service
@@ -129,8 +129,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(router)
     # Added innermost first: the request-context middleware wraps everything, CORS headers
-    # reach error responses too, and oversized bodies stop before FastAPI parses them.
+    # reach error responses too, excess requests are refused before their body is read, and
+    # oversized bodies stop before FastAPI parses them.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight, metrics=metrics)
     origins = settings.cors_origin_list
     if origins:
         app.add_middleware(

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import error_response
+from .errors import RETRY_AFTER_S, error_response
 from .logs import new_request_id, request_id_var
 from .metrics import Metrics
 
@@ -47,6 +47,40 @@ class InFlight:
     def leave(self) -> None:
         self.count -= 1
         self._gauge.dec()
+
+
+class AdmissionMiddleware:
+    """Refuse an inference request with 429 before reading its body when its task already has
+    `max_in_flight` requests being served.
+
+    The batcher's queue bound alone is not enough under overload: a refused request would still
+    be read, parsed, validated and tokenized before the queue says no, which costs nearly as much
+    CPU as serving it, so refusals would wait behind the backlog. Refusing here costs almost nothing.
+    """
+
+    def __init__(self, app: ASGIApp, max_in_flight: int, metrics: Metrics):
+        self.app, self.max_in_flight, self.metrics = app, max_in_flight, metrics
+        self.active = dict.fromkeys(TASK_PATHS.values(), 0)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = TASK_PATHS.get(scope["path"]) if scope["type"] == "http" else None
+        if task is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        if self.active[task] >= self.max_in_flight:
+            self.metrics.rejected.labels(task=task, reason="in_flight_limit").inc()
+            message = (
+                f"server is busy: {self.active[task]} {task} requests in flight (MAX_IN_FLIGHT); "
+                f"retry after {RETRY_AFTER_S}s"
+            )
+            response = error_response(429, "overloaded", message, headers={"Retry-After": str(RETRY_AFTER_S)})
+            await response(scope, receive, send)
+            return
+        self.active[task] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active[task] -= 1
 
 
 class RequestContextMiddleware:

@@ -177,6 +177,7 @@ async def models(request: Request) -> ModelsResponse:
         "max_batch_tokens": settings.max_batch_tokens,
         "max_wait_ms": settings.max_wait_ms,
         "max_queue": settings.max_queue,
+        "max_in_flight": settings.max_in_flight,
         "max_body_bytes": settings.max_body_bytes,
         "max_text_chars": settings.max_text_chars,
         "max_qa_context_chars": settings.max_qa_context_chars,

@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(8192, ge=1, description="Padded tokens per batch: longest x rows")
     max_wait_ms: float = Field(5.0, ge=0)
     max_queue: int = Field(512, ge=1, description="Queued work items per model before 429")
+    max_in_flight: int = Field(
+        256, ge=1, description="Requests per task endpoint being served at once before 429 (body unread)"
+    )
     max_body_bytes: int = Field(1 << 20, ge=1024)
     max_text_chars: int = Field(20_000, ge=1)
     max_qa_context_chars: int = Field(100_000, ge=1)

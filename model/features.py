@@ -8,7 +8,6 @@ padding via processing.padding. Features keep only ids (int32/int8) so large set
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,25 @@ DEFAULT_METRIC = {
 }
 
 
+# What each task's evaluation reports (NER adds f1_<TYPE> per entity type); all add "loss".
+METRICS = {
+    "classify": ("accuracy", "f1", "pearson", "spearman", "corr"),
+    "ner": ("precision", "recall", "f1", "token_accuracy"),
+    "multiple-choice": ("accuracy",),
+    "qa": ("exact_match", "f1"),
+    "pretrain": ("mlm_accuracy", "nsp_accuracy"),
+}
+
+
+def check_metric(task: str, metric: str) -> None:
+    if metric == "loss" or metric in METRICS[task] or (task == "ner" and metric.startswith("f1_")):
+        return
+    raise ValueError(
+        f"--metric-for-best {metric!r} is not reported for {task}; choose one of "
+        f"{', '.join((*METRICS[task], 'loss'))}"
+    )
+
+
 @dataclass
 class FeatureOptions:
     max_seq_len: int = 128
@@ -41,7 +59,11 @@ class FeatureOptions:
     max_query_len: int = 64
     max_answer_len: int = 30
     long_text: str = "truncate"
-    window_overlap: int = 32
+    window_overlap: int | None = None  # default: min(32, a quarter of the window)
+
+    def __post_init__(self) -> None:
+        if self.window_overlap is None:
+            self.window_overlap = min(32, (self.max_seq_len - 2) // 4)
 
 
 @dataclass
@@ -103,33 +125,6 @@ def looks_like_regression(values: list[str]) -> bool:
     except ValueError:
         return False
     return any(not n.is_integer() for n in numbers)
-
-
-def split_by_group(examples: list, fraction: float, seed: int) -> tuple[list, list]:
-    """Hold out whole groups (articles, passages, documents) of about `fraction` of the examples."""
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"validation fraction must be between 0 and 1, got {fraction}")
-    groups = list(dict.fromkeys(e.group for e in examples))
-    if len(groups) < 2:
-        raise ValueError("cannot hold out a validation slice: the data has a single article/group")
-    random.Random(seed).shuffle(groups)
-    target, held, count = fraction * len(examples), set(), 0
-    sizes: dict[str, int] = {}
-    for e in examples:
-        sizes[e.group] = sizes.get(e.group, 0) + 1
-    for g in groups[:-1]:
-        if count >= target:
-            break
-        held.add(g)
-        count += sizes[g]
-    return [e for e in examples if e.group not in held], [e for e in examples if e.group in held]
-
-
-def subsample(examples: list, limit: int | None, seed: int) -> list:
-    if not limit or limit >= len(examples):
-        return examples
-    keep = sorted(np.random.default_rng(seed).permutation(len(examples))[:limit].tolist())
-    return [examples[i] for i in keep]
 
 
 # ----------------------------------------------------------------------------- tasks

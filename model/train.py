@@ -23,9 +23,10 @@ from processing.tokenizer import TextTokenizer
 from .bert import TASK_HEADS, BertModel
 from .checkpoint import CheckpointError, resolve_base
 from .config import BertConfig
-from .features import DEFAULT_METRIC, TASKS, FeatureOptions, Task, split_by_group, subsample
-from .readers import FORMATS, read_examples
+from .features import DEFAULT_METRIC, TASKS, FeatureOptions, Task, check_metric
+from .readers import FORMATS, DataError, read_examples
 from .schedules import SCHEDULES
+from .train_utils import split_by_group, subsample
 from .trainer import TrainConfig, Trainer
 
 log = logging.getLogger("model.train")
@@ -166,6 +167,12 @@ def prepare_data(args, task, base_dir: Path, given_labels: list[str] | None):
     if args.task == "pretrain":
         from .pretrain_data import PretrainDataset
 
+        if args.validation_fraction or args.limit_train or args.limit_eval:
+            raise ValueError(
+                "pretraining takes --validation; --validation-fraction and --limit-* are "
+                "for the fine-tuning tasks"
+            )
+
         train = PretrainDataset(task.tokenizer, args.train, args.max_seq_len, args.seed)
         valid = (
             PretrainDataset(task.tokenizer, args.validation, args.max_seq_len, args.seed)
@@ -258,20 +265,19 @@ def main(argv: list[str] | None = None) -> dict:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
+    if args.metric_for_best:
+        check_metric(args.task, args.metric_for_best)
     base_dir = resolve_base(args.base)
     tokenizer = TextTokenizer.from_dir(base_dir)
     if tokenizer.vocab_size < 1:
         raise SystemExit(f"{base_dir}: empty tokenizer")
-    window_overlap = args.window_overlap
-    if window_overlap is None:
-        window_overlap = min(32, (args.max_seq_len - 2) // 4)
     options = FeatureOptions(
         args.max_seq_len,
         args.doc_stride,
         args.max_query_len,
         args.max_answer_len,
         args.long_text,
-        window_overlap,
+        args.window_overlap,
     )
     task = TASKS[args.task](tokenizer, options)
     given = [s.strip() for s in args.labels.split(",")] if args.labels else None
@@ -325,4 +331,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (DataError, CheckpointError, FileNotFoundError, ValueError) as error:
+        # Bad input or options: one clear line rather than a traceback.
+        sys.exit(f"error: {error}")

@@ -14,6 +14,7 @@ import math
 import os
 import random
 import signal
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -26,11 +27,18 @@ import torch.distributed as dist
 
 from .features import Task
 from .schedules import get_schedule
+from .train_utils import (
+    dataset_lengths,
+    distributed,
+    epoch_batches,
+    freeze_embeddings,
+    greater_is_better,
+    make_optimizer,
+    to_device,
+)
 
 log = logging.getLogger(__name__)
 STATE_FILE = "train_state.pt"
-NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias")
-EMBEDDING_TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
 
 
 @dataclass
@@ -58,83 +66,21 @@ class TrainConfig:
     progress: bool = True
 
 
-# ----------------------------------------------------------------------------- helpers
-
-
-def distributed() -> tuple[int, int, int]:
-    """(rank, world size, local rank); the process group starts only when WORLD_SIZE > 1."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1, 0
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0"))
-
-
-def epoch_batches(
-    lengths: np.ndarray | None, n: int, batch_size: int, seed: int, epoch: int, bucket: bool = True
-) -> list[np.ndarray]:
-    """Shuffled batches for one epoch, a pure function of (seed, epoch).
-
-    With `bucket`, indices are sorted by length inside chunks of 50 batches, so each batch pads
-    little, and the batches are then shuffled.
-    """
-    rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(n)
-    if bucket and lengths is not None:
-        chunk = batch_size * 50
-        order = np.concatenate(
-            [
-                c[np.argsort(lengths[c], kind="stable")]
-                for c in np.array_split(order, max(1, math.ceil(n / chunk)))
-            ]
-        )
-    batches = [order[i : i + batch_size] for i in range(0, n, batch_size)]
-    return [batches[i] for i in rng.permutation(len(batches))]
-
-
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """No weight decay on biases and LayerNorm weights; frozen parameters are left out."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if any(name.endswith(s) or s + "." in name for s in NO_DECAY) else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW, fused where the device supports it (an order of magnitude faster on CPU)."""
-    groups = parameter_groups(model, weight_decay)
-    try:
-        return torch.optim.AdamW(groups, lr=lr, fused=True)
-    except (RuntimeError, TypeError) as e:
-        log.info("fused AdamW unavailable (%s); using the default implementation", e)
-        return torch.optim.AdamW(groups, lr=lr)
-
-
-def freeze_embeddings(model: torch.nn.Module) -> int:
-    frozen = 0
-    for name, p in model.named_parameters():
-        if any(f"embeddings.{t}." in name for t in EMBEDDING_TABLES):
-            p.requires_grad_(False)
-            frozen += p.numel()
-    return frozen
-
-
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: torch.as_tensor(v).to(device, non_blocking=True) for k, v in batch.items()}
-
-
-def dataset_lengths(data) -> np.ndarray | None:
-    if hasattr(data, "lengths"):
-        return np.asarray(data.lengths)
-    if hasattr(data, "pairs"):  # PretrainDataset: [CLS] A [SEP] B [SEP]
-        return np.array([len(p.a_ids) + len(p.b_ids) + 3 for p in data.pairs])
-    return None
-
-
-def greater_is_better(metric: str) -> bool:
-    return "loss" not in metric
+@torch.no_grad()
+def pretraining_counts(output, batch: dict[str, torch.Tensor], stats: dict[str, float]) -> None:
+    """Adds MLM (masked positions only) and NSP correct/total counts of one micro-batch to `stats`."""
+    selected = batch["labels"] != -100
+    predicted = output.prediction_logits.argmax(-1)
+    counts = {
+        "mlm_correct": float((predicted[selected] == batch["labels"][selected]).sum()),
+        "mlm_total": float(selected.sum()),
+        "nsp_correct": float(
+            (output.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).sum()
+        ),
+        "nsp_total": float(len(batch["next_sentence_label"])),
+    }
+    for key, value in counts.items():
+        stats[key] = stats.get(key, 0.0) + value
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -251,6 +197,8 @@ class Trainer:
                 value = getattr(output, name, None)
                 if value is not None:
                     stats[name] = stats.get(name, 0.0) + float(value.detach()) / len(group)
+            if output.prediction_logits is not None:
+                pretraining_counts(output, batch, stats)
         if self.config.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             params = [p for p in self.model.parameters() if p.requires_grad]
@@ -266,9 +214,11 @@ class Trainer:
         started = time.time()
         losses: list[float] = []
         stop_at = self.step + c.stop_after_steps if c.stop_after_steps else None
-        previous = signal.signal(signal.SIGTERM, self.request_stop) if self.main else None
+        # Signal handlers can only be installed from the main thread.
+        handle = self.main and threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, self.request_stop) if handle else None
         progress = self.progress_bar()
-        last_log = time.time()
+        last_log, last_log_step = time.time(), self.step
         try:
             while self.step < self.total_steps and not self.stop_requested:
                 if hasattr(self.train_data, "set_epoch"):
@@ -285,8 +235,8 @@ class Trainer:
                             loss=f"{np.mean(losses[-50:]):.4f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}"
                         )
                     if self.step % c.log_every == 0 or self.step == 1:
-                        self.log_train(stats, losses, time.time() - last_log)
-                        last_log = time.time()
+                        self.log_train(stats, losses, (time.time() - last_log) / (self.step - last_log_step))
+                        last_log, last_log_step = time.time(), self.step
                     epoch_done = self.step_in_epoch == len(groups)
                     if (c.eval_every and self.step % c.eval_every == 0) or (not c.eval_every and epoch_done):
                         self.evaluate_and_keep_best()
@@ -330,7 +280,7 @@ class Trainer:
 
         return tqdm(total=self.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
 
-    def log_train(self, stats: dict[str, float], losses: list[float], seconds: float) -> None:
+    def log_train(self, stats: dict[str, float], losses: list[float], seconds_per_step: float) -> None:
         if not self.main:
             return
         lr = self.scheduler.get_last_lr()[0]
@@ -339,6 +289,9 @@ class Trainer:
         for name in ("mlm_loss", "nsp_loss", "grad_norm"):
             if name in stats:
                 self.scalar(f"train/{name}", stats[name])
+        if stats.get("mlm_total"):
+            self.scalar("train/mlm_accuracy", stats["mlm_correct"] / stats["mlm_total"])
+            self.scalar("train/nsp_accuracy", stats["nsp_correct"] / stats["nsp_total"])
         log.info(
             "step %d/%d epoch %d loss %.4f lr %.3g (%.2f s/step)",
             self.step,
@@ -346,7 +299,7 @@ class Trainer:
             self.epoch,
             float(np.mean(losses[-self.config.log_every :])),
             lr,
-            seconds / max(1, min(self.config.log_every, self.step)),
+            seconds_per_step,
         )
 
     # ------------------------------------------------------------------ evaluation

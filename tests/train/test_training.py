@@ -13,7 +13,8 @@ from model.bert import TASK_HEADS
 from model.features import TASKS, FeatureOptions
 from model.readers import read_examples
 from model.train import base_labels, build_model, build_parser, main
-from model.trainer import STATE_FILE, TrainConfig, Trainer, epoch_batches, parameter_groups
+from model.train_utils import epoch_batches, parameter_groups
+from model.trainer import STATE_FILE, TrainConfig, Trainer
 from processing.tokenizer import TextTokenizer
 from tests.helpers.tiny import make_tiny_checkpoint
 
@@ -238,3 +239,145 @@ def test_qa_doc_stride_that_does_not_fit_is_rejected(tmp_path: Path) -> None:
                 "1",
             ]
         )
+
+
+def test_bf16_autocast_trains_on_cpu(tmp_path: Path) -> None:
+    config = TrainConfig(
+        max_steps=3,
+        batch_size=8,
+        lr=1e-3,
+        precision="bf16",
+        progress=False,
+        eval_every=1000,
+        metric_for_best="loss",
+    )
+    trainer = build("ner", tmp_path, config)
+    summary = trainer.train()
+    assert summary["steps"] == 3 and torch.isfinite(torch.tensor(summary["train_loss"]))
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # master weights stay fp32
+
+
+def test_fp16_without_gpu_is_a_clear_error(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(ValueError, match="fp16 needs a CUDA GPU"):
+        build("classify", tmp_path, TrainConfig(precision="fp16", progress=False))
+
+
+def write_corpus(path: Path, documents: int = 6) -> Path:
+    words = "the cat sat on the mat . the dog ran to the house . john lives in paris".split()
+    lines = []
+    for d in range(documents):
+        for s in range(4):
+            lines.append(" ".join(words[(d + s) % 5 : (d + s) % 5 + 8]))
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def test_cli_pretrain_logs_mlm_and_nsp_accuracy(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    base = make_tiny_checkpoint("pretrain", tmp_path / "base")
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    out = tmp_path / "out"
+    argv = (
+        f"--task pretrain --base {base} --train {corpus} --validation {corpus} --max-steps 3 --batch-size 4"
+    )
+    summary = main(
+        [*argv.split(), "--max-seq-len", "24", "--out", str(out), "--no-progress", "--log-every", "1"]
+    )
+    assert {"mlm_accuracy", "nsp_accuracy", "loss"} <= set(summary["validation"])
+    assert TASK_HEADS["pretrain"].from_pretrained(out).config.task == "pretrain"
+    events = EventAccumulator(str(out / "runs"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/mlm_accuracy", "train/nsp_accuracy", "eval/mlm_accuracy"} <= tags
+    assert len(events.Scalars("train/mlm_accuracy")) == 3
+
+
+@pytest.mark.slow
+def test_torchrun_data_parallel_on_cpu(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    base = make_tiny_checkpoint("classify", tmp_path / "base")
+    data = write_task_data("classify", tmp_path / "data")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "model.train",
+        "--task",
+        "classify",
+        "--base",
+        str(base),
+        "--train",
+        str(data),
+        "--validation",
+        str(data),
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--grad-accum",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+        "--num-threads",
+        "1",
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=240, cwd=Path(__file__).resolve().parents[2]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == 4
+    # 32 examples / batch 4 = 8 batches, 4 per process, 2 per optimizer step: 2 steps per epoch
+    assert metrics["epochs"] == 2.0
+
+
+def test_unknown_metric_for_best_is_rejected_before_training(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="exact_match"):
+        main(["--task", "qa", "--train", "x.json", "--out", str(tmp_path), "--metric-for-best", "accuracy"])
+
+
+def test_cli_reports_bad_data_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    base = make_tiny_checkpoint("ner", tmp_path / "base")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("EU NNP B-NP B-ORG\nrejects\n", encoding="utf-8")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "model.train",
+            "--task",
+            "ner",
+            "--base",
+            str(base),
+            "--train",
+            str(bad),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {bad}:2:")
+    assert "Traceback" not in result.stderr

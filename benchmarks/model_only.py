@@ -1,0 +1,186 @@
+"""Our model without the service: a bundle's ONNX session fed by processing/, in-process.
+
+Gives the references the service is judged against (model-only single-request time and
+batched throughput on the same payloads) and an in-process QA reader (processing.qa over ORT,
+exactly the service's steps without HTTP, queueing or cross-request batching).
+The session is made with app.runtime.create_runtime, so it has the server's session options.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a script: make the repository packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.runtime import create_runtime
+from app.settings import available_cores
+from export.bundle import DEFAULT_QA, load_bundle_manifest
+from processing import classify as classify_proc
+from processing import qa as qa_proc
+from processing.padding import pad_batch
+from processing.tokenizer import Encoding, TextTokenizer
+
+# The service's batching limits (app/settings.py defaults).
+MAX_BATCH_SIZE = 32
+MAX_BATCH_TOKENS = 8192
+WINDOW_OVERLAP = 32
+
+
+class BundleModel:
+    """One bundle variant on CPU with the server's session options."""
+
+    def __init__(self, bundle: str | Path, variant: str = "int8", threads: int = 0):
+        self.path = Path(bundle)
+        self.manifest = load_bundle_manifest(self.path)
+        if variant not in self.manifest.variants:
+            raise ValueError(
+                f"bundle {self.path} has no {variant!r} variant; it has {sorted(self.manifest.variants)}"
+            )
+        self.variant = variant
+        self.threads = threads or available_cores()
+        self.tokenizer = TextTokenizer.from_dir(self.path)
+        self.runtime = create_runtime(self.manifest.variant_path(self.path, variant), "cpu", self.threads)
+        self.max_seq_len = self.manifest.max_seq_len
+        defaults = {**DEFAULT_QA, **(self.manifest.qa_defaults or {})}
+        self.max_query_len = int(defaults["max_query_len"])
+        self.max_answer_len = int(defaults["max_answer_len"])
+        # As app/services.QAService: the stride must fit the smallest window.
+        smallest = qa_proc.window_capacity(self.max_seq_len, self.max_query_len)
+        self.doc_stride = max(0, min(int(defaults["doc_stride"]), smallest // 2))
+
+    @property
+    def task(self) -> str:
+        return self.manifest.task
+
+    def encodings(self, payload: dict[str, Any]) -> list[Encoding]:
+        """The sequences / windows the service would send to the model for one request body."""
+        if self.task == "classify":
+            return classify_proc.encode_for_classify(
+                self.tokenizer,
+                payload["text"],
+                payload.get("text_pair"),
+                self.max_seq_len,
+                "truncate",
+                WINDOW_OVERLAP,
+            )
+        if self.task == "qa":
+            return [w.encoding for w in self.qa_windows(payload["question"], payload["context"]).windows]
+        raise ValueError(f"model-only reference supports classify and qa bundles, not {self.task!r}")
+
+    def qa_windows(self, question: str, context: str) -> qa_proc.QAInput:
+        return qa_proc.make_windows(
+            self.tokenizer, question, context, self.max_seq_len, self.doc_stride, self.max_query_len
+        )
+
+    def run(self, encodings: Sequence[Encoding]) -> list[dict[str, np.ndarray]]:
+        """Model outputs per encoding, in batches within the service's limits."""
+        rows: list[dict[str, np.ndarray]] = []
+        for batch in pack(list(encodings)):
+            outputs = self.runtime.run(pad_batch(batch, self.tokenizer.pad_id))
+            rows += [{k: v[i] for k, v in outputs.items()} for i in range(len(batch))]
+        return rows
+
+    def answer(self, question: str, context: str, top_k: int = 1) -> tuple[list[qa_proc.Answer], int]:
+        """processing.qa end to end: windows, model, n-best answers across windows."""
+        qa_input = self.qa_windows(question, context)
+        rows = self.run([w.encoding for w in qa_input.windows])
+        answers = qa_proc.best_answers(
+            qa_input,
+            [r["start_logits"] for r in rows],
+            [r["end_logits"] for r in rows],
+            top_k=top_k,
+            n_best=max(20, top_k),
+            max_answer_len=self.max_answer_len,
+        )
+        return answers, len(qa_input.windows)
+
+
+def pack(
+    encodings: list[Encoding], size: int = MAX_BATCH_SIZE, tokens: int = MAX_BATCH_TOKENS
+) -> list[list[Encoding]]:
+    """Consecutive batches of at most `size` sequences and `tokens` padded tokens (one item may exceed it)."""
+    batches: list[list[Encoding]] = []
+    current: list[Encoding] = []
+    longest = 0
+    for enc in encodings:
+        new_longest = max(longest, len(enc))
+        if current and (len(current) >= size or new_longest * (len(current) + 1) > tokens):
+            batches.append(current)
+            current, new_longest = [], len(enc)
+        current.append(enc)
+        longest = new_longest
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _summary_ms(times_s: list[float]) -> dict[str, float]:
+    ordered = sorted(times_s)
+    pick = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]  # noqa: E731
+    return {
+        "mean_ms": round(statistics.fmean(ordered) * 1e3, 3),
+        "p50_ms": round(pick(0.5) * 1e3, 3),
+        "p99_ms": round(pick(0.99) * 1e3, 3),
+        "runs": len(ordered),
+    }
+
+
+def single_request_reference(
+    model: BundleModel, payloads: list[dict[str, Any]], seconds: float
+) -> dict[str, Any]:
+    """Per request, its sequences as the service batches them alone (concurrency 1): ORT time only."""
+    prepared = [model.encodings(p) for p in payloads]
+    model.run(prepared[0])  # warm-up
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while not times or time.perf_counter() < deadline:
+        for encodings in prepared:
+            started = time.perf_counter()
+            model.run(encodings)
+            times.append(time.perf_counter() - started)
+    return _summary_ms(times)
+
+
+def batched_reference(
+    model: BundleModel, payloads: list[dict[str, Any]], seconds: float, sizes: Sequence[int] = (1, 8, 32)
+) -> dict[str, Any]:
+    """Every sequence of the payload pool, sorted by length and packed into full batches of each size.
+
+    `requests_per_s` is at the service's MAX_BATCH_SIZE (the target's reference); `best` is the
+    fastest size, which shows whether bigger batches pay at all on this CPU.
+    """
+    encodings = sorted((e for p in payloads for e in model.encodings(p)), key=len)
+    by_size: dict[int, dict[str, Any]] = {}
+    for size in sizes:
+        batches = [pad_batch(b, model.tokenizer.pad_id) for b in pack(encodings, size=size)]
+        model.runtime.run(batches[-1])  # warm-up on the longest batch
+        passes, started = 0, time.perf_counter()
+        while passes == 0 or time.perf_counter() - started < seconds:
+            for batch in batches:
+                model.runtime.run(batch)
+            passes += 1
+        elapsed = time.perf_counter() - started
+        by_size[size] = {
+            "requests_per_s": round(passes * len(payloads) / elapsed, 3),
+            "sequences_per_s": round(passes * len(encodings) / elapsed, 3),
+            "batches_per_pass": len(batches),
+            "passes": passes,
+        }
+    reference = by_size.get(MAX_BATCH_SIZE) or by_size[max(by_size)]
+    best = max(by_size, key=lambda size: by_size[size]["requests_per_s"])
+    return {
+        "requests_per_s": reference["requests_per_s"],
+        "reference_batch_size": MAX_BATCH_SIZE if MAX_BATCH_SIZE in by_size else max(by_size),
+        "best_batch_size": best,
+        "best_requests_per_s": by_size[best]["requests_per_s"],
+        "sequences_per_request": round(len(encodings) / len(payloads), 3),
+        "by_batch_size": by_size,
+    }

@@ -1,0 +1,370 @@
+"""The baseline a user would write instead of our service: FastAPI over `transformers`.
+
+    python benchmarks/pipeline_server.py --classify runs/sst2/best --qa runs/squad/best --port 8001
+
+One process, plain sync `def` endpoints (FastAPI runs them in its thread pool), default
+settings, no batching across requests: the usual "wrap the pipeline in FastAPI" server.
+It loads the same checkpoint directories (Hugging Face layout) that our bundles are exported
+from and answers /classify, /qa and /ner with our request and response shapes, so
+benchmarks/loadgen.py drives both servers unchanged.
+
+- /classify: `pipeline("text-classification")`, truncated to `--classify-max-length` tokens
+  (service_bench passes the bundle's max_seq_len so both servers do the same model work).
+- /ner: `pipeline("token-classification")` with the request's aggregation strategy.
+- /qa: transformers 5 removed `pipeline("question-answering")`. When the installed version
+  still has it, it is used; otherwise `HFQuestionAnswering` below does what that pipeline did and
+  what the Hugging Face course teaches: the fast tokenizer's overflowing windows with offsets,
+  one forward pass over the request's windows, n-best start/end logits per window, best span.
+Fields our service reports but a pipeline cannot know cheaply (`truncated`, `value`) are null.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+class PairIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(min_length=1)
+    text_pair: str | None = None
+
+
+class ClassifyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str | None = Field(None, min_length=1)
+    text_pair: str | None = None
+    inputs: list[PairIn] | None = None
+    top_k: int | None = Field(None, ge=1)
+
+
+class NERIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(min_length=1)
+    aggregation: Literal["none", "simple", "first", "average", "max"] = "first"
+
+
+class QAIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: str = Field(min_length=1)
+    context: str = Field(min_length=1)
+    top_k: int = Field(1, ge=1)
+    max_answer_len: int | None = Field(None, ge=1)
+    doc_stride: int | None = Field(None, ge=0)
+    handle_impossible_answer: bool = False
+
+
+@dataclass
+class QASettings:
+    """Window sizes; the old QA pipeline's defaults except max_answer_len (ours is 30, it had 15)."""
+
+    max_seq_len: int = 384
+    doc_stride: int = 128
+    max_question_len: int = 64
+    max_answer_len: int = 30
+    n_best: int = 20
+
+
+def qa_settings_from_bundle(bundle: str | Path) -> QASettings:
+    """The bundle's window sizes, so both sides of a comparison cut contexts alike."""
+    from export.bundle import DEFAULT_QA, load_bundle_manifest
+
+    manifest = load_bundle_manifest(bundle)
+    qa = {**DEFAULT_QA, **(manifest.qa_defaults or {})}
+    return QASettings(manifest.max_seq_len, qa["doc_stride"], qa["max_query_len"], qa["max_answer_len"])
+
+
+def _quiet_transformers() -> Any:
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    return transformers
+
+
+class HFQuestionAnswering:
+    """Extractive QA with `transformers` only: what pipeline("question-answering") used to do."""
+
+    kind = "transformers AutoModelForQuestionAnswering + fast-tokenizer windows (HF course recipe)"
+
+    def __init__(self, directory: str | Path, settings: QASettings | None = None):
+        transformers = _quiet_transformers()
+        self.settings = settings or QASettings()
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+        self.model = transformers.AutoModelForQuestionAnswering.from_pretrained(str(directory)).eval()
+
+    def __call__(
+        self,
+        question: str,
+        context: str,
+        top_k: int = 1,
+        max_answer_len: int | None = None,
+        doc_stride: int | None = None,
+        handle_impossible_answer: bool = False,
+    ) -> tuple[list[dict[str, Any]], int]:
+        import torch
+
+        cfg = self.settings
+        max_answer_len = max_answer_len or cfg.max_answer_len
+        encoded = self.tokenizer(
+            question,
+            context,
+            truncation="only_second",
+            max_length=cfg.max_seq_len,
+            stride=cfg.doc_stride if doc_stride is None else doc_stride,
+            return_overflowing_tokens=True,
+            return_offsets_mapping=True,
+            padding="longest",
+            return_tensors="pt",
+        )
+        offsets = encoded.pop("offset_mapping").numpy()
+        encoded.pop("overflow_to_sample_mapping", None)
+        with torch.inference_mode():
+            output = self.model(**encoded)
+        start_all, end_all = output.start_logits.float().numpy(), output.end_logits.float().numpy()
+        spans: dict[tuple[int, int], float] = {}
+        null_logit = np.inf
+        for window in range(len(start_all)):
+            in_context = np.array([s == 1 for s in encoded.sequence_ids(window)])
+            start, end = start_all[window], end_all[window]
+            null_logit = min(null_logit, float(start[0] + end[0]))
+            for i in np.argsort(start)[::-1][: cfg.n_best]:
+                for j in np.argsort(end)[::-1][: cfg.n_best]:
+                    if not (in_context[i] and in_context[j]) or j < i or j - i + 1 > max_answer_len:
+                        continue
+                    key = (int(offsets[window, i, 0]), int(offsets[window, j, 1]))
+                    spans[key] = max(spans.get(key, -np.inf), float(start[i] + end[j]))
+        ranked = sorted(spans.items(), key=lambda kv: -kv[1])[: max(cfg.n_best, top_k)]
+        logits = np.array([v for _, v in ranked] + ([null_logit] if handle_impossible_answer else []))
+        if len(logits) == 0:
+            return [], len(start_all)
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        answers = [
+            {"text": context[s:e], "start": s, "end": e, "score": float(p)}
+            for ((s, e), _), p in zip(ranked, probs, strict=False)
+        ]
+        if handle_impossible_answer:
+            answers.append({"text": "", "start": 0, "end": 0, "score": float(probs[-1])})
+            answers.sort(key=lambda a: -a["score"])
+        return answers[:top_k], len(start_all)
+
+
+class PipelineQuestionAnswering:
+    """pipeline("question-answering"), for transformers versions that still have it (< 5)."""
+
+    kind = "transformers pipeline('question-answering')"
+
+    def __init__(self, directory: str | Path, settings: QASettings | None = None):
+        transformers = _quiet_transformers()
+        self.settings = settings or QASettings()
+        self.pipe = transformers.pipeline("question-answering", model=str(directory), device=-1)
+
+    def __call__(
+        self,
+        question: str,
+        context: str,
+        top_k: int = 1,
+        max_answer_len: int | None = None,
+        doc_stride: int | None = None,
+        handle_impossible_answer: bool = False,
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        cfg = self.settings
+        result = self.pipe(
+            question=question,
+            context=context,
+            top_k=top_k,
+            max_seq_len=cfg.max_seq_len,
+            max_question_len=cfg.max_question_len,
+            doc_stride=cfg.doc_stride if doc_stride is None else doc_stride,
+            max_answer_len=max_answer_len or cfg.max_answer_len,
+            handle_impossible_answer=handle_impossible_answer,
+        )
+        answers = result if isinstance(result, list) else [result]
+        keys = ("text", "start", "end", "score")
+        return [
+            dict(zip(keys, (a["answer"], a["start"], a["end"], float(a["score"])), strict=True))
+            for a in answers
+        ], None
+
+
+def make_qa_baseline(directory: str | Path, settings: QASettings | None = None):
+    """The installed transformers' QA pipeline if it has one, else the equivalent recipe."""
+    transformers = _quiet_transformers()
+    try:
+        transformers.pipelines.check_task("question-answering")
+    except (KeyError, AttributeError):
+        return HFQuestionAnswering(directory, settings)
+    return PipelineQuestionAnswering(directory, settings)
+
+
+def create_app(
+    classify: str | Path | None = None,
+    qa: str | Path | None = None,
+    ner: str | Path | None = None,
+    *,
+    classify_max_length: int | None = None,
+    qa_settings: QASettings | None = None,
+    threads: int | None = None,
+) -> FastAPI:
+    """Load the given checkpoints now (startup blocks until they are loaded) and serve them."""
+    if not (classify or qa or ner):
+        raise ValueError("give at least one checkpoint directory (classify, qa or ner)")
+    import torch
+
+    transformers = _quiet_transformers()
+    if threads:
+        torch.set_num_threads(threads)
+    classifier = (
+        transformers.pipeline("text-classification", model=str(classify), device=-1) if classify else None
+    )
+    tagger = transformers.pipeline("token-classification", model=str(ner), device=-1) if ner else None
+    reader = make_qa_baseline(qa, qa_settings) if qa else None
+    max_length = classify_max_length or (classifier.tokenizer.model_max_length if classifier else None)
+    app = FastAPI(title="transformers pipeline baseline")
+    app.state.info = {
+        "classify": str(classify) if classify else None,
+        "qa": str(qa) if qa else None,
+        "ner": str(ner) if ner else None,
+        "qa_kind": reader.kind if reader else None,
+        "classify_max_length": max_length,
+        "torch_threads": torch.get_num_threads(),
+        "transformers": transformers.__version__,
+    }
+
+    def missing(task: str) -> HTTPException:
+        return HTTPException(404, {"error": "no_model", "message": f"no {task} checkpoint loaded"})
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    def ready() -> dict[str, str]:
+        return {"status": "ready"}  # models load before the server starts accepting requests
+
+    @app.get("/models")
+    def models() -> dict[str, Any]:
+        return app.state.info
+
+    @app.post("/classify")
+    def classify_endpoint(request: ClassifyIn) -> dict[str, Any]:
+        if classifier is None:
+            raise missing("classify")
+        if (request.inputs is None) == (request.text is None):
+            raise HTTPException(422, "give either text or inputs")
+        items = (
+            request.inputs
+            if request.inputs is not None
+            else [PairIn(text=request.text or "", text_pair=request.text_pair)]
+        )
+        calls = [{"text": i.text, "text_pair": i.text_pair} if i.text_pair else i.text for i in items]
+        outputs = classifier(calls, top_k=None, truncation=True, max_length=max_length)
+        results = []
+        for scores in outputs:
+            scores = [{"label": s["label"], "score": float(s["score"])} for s in scores][: request.top_k]
+            results.append(
+                {
+                    "label": scores[0]["label"],
+                    "score": scores[0]["score"],
+                    "scores": scores,
+                    "value": None,
+                    "truncated": None,
+                    "windows": 1,
+                }
+            )
+        return results[0] if request.inputs is None else {"results": results}
+
+    @app.post("/ner")
+    def ner_endpoint(request: NERIn) -> dict[str, Any]:
+        if tagger is None:
+            raise missing("ner")
+        found = tagger(request.text, aggregation_strategy=request.aggregation)
+        entities = [
+            {
+                "entity": e.get("entity_group", e.get("entity")),
+                "text": request.text[e["start"] : e["end"]],
+                "start": int(e["start"]),
+                "end": int(e["end"]),
+                "score": float(e["score"]),
+            }
+            for e in found
+        ]
+        return {"entities": entities, "windows": 1}
+
+    @app.post("/qa")
+    def qa_endpoint(request: QAIn) -> dict[str, Any]:
+        if reader is None:
+            raise missing("qa")
+        answers, windows = reader(
+            request.question,
+            request.context,
+            top_k=request.top_k,
+            max_answer_len=request.max_answer_len,
+            doc_stride=request.doc_stride,
+            handle_impossible_answer=request.handle_impossible_answer,
+        )
+        return {"answers": answers, "windows": windows}
+
+    return app
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--classify", help="text-classification checkpoint directory")
+    p.add_argument("--qa", help="question-answering checkpoint directory")
+    p.add_argument("--ner", help="token-classification checkpoint directory")
+    p.add_argument("--classify-max-length", type=int, help="truncate classify inputs here (tokens)")
+    p.add_argument("--qa-max-seq-len", type=int, default=QASettings.max_seq_len)
+    p.add_argument("--qa-doc-stride", type=int, default=QASettings.doc_stride)
+    p.add_argument("--qa-max-question-len", type=int, default=QASettings.max_question_len)
+    p.add_argument("--qa-max-answer-len", type=int, default=QASettings.max_answer_len)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    args = p.parse_args(argv)
+    if not (args.classify or args.qa or args.ner):
+        p.error("give at least one of --classify, --qa, --ner")
+    for flag in ("classify", "qa", "ner"):
+        value = getattr(args, flag)
+        if value and not (Path(value) / "config.json").is_file():
+            p.error(f"--{flag} {value}: no config.json there (expected a Hugging Face checkpoint directory)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    args = parse_args(argv)
+    settings = QASettings(
+        args.qa_max_seq_len, args.qa_doc_stride, args.qa_max_question_len, args.qa_max_answer_len
+    )
+    app = create_app(
+        args.classify,
+        args.qa,
+        args.ner,
+        classify_max_length=args.classify_max_length,
+        qa_settings=settings,
+        threads=args.threads or None,
+    )
+    print(
+        f"pipeline baseline serving {app.state.info} on {args.host}:{args.port} (pid {os.getpid()})",
+        flush=True,
+    )
+    uvicorn.run(app, host=args.host, port=args.port)  # uvicorn defaults, access log included
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

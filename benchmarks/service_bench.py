@@ -1,0 +1,465 @@
+"""Our service vs the plain `transformers` FastAPI server, under the same closed-loop load.
+
+    .venv/bin/python benchmarks/service_bench.py            # full: c=1,8,32,64, 20 s per level
+    .venv/bin/python benchmarks/service_bench.py --quick    # smoke run (~2 min)
+    .venv/bin/python benchmarks/service_bench.py --quick --dev-models   # before the defaults exist
+
+For each endpoint (/classify, /qa), one after the other on loopback: start our real server
+(`uvicorn app.main:app`, MODELS_DIR holding only that endpoint's bundle, CPU_VARIANT int8), then
+the pipeline baseline (benchmarks/pipeline_server.py) on the checkpoint the bundle was exported
+from. Each runs closed-loop load from benchmarks/loadgen.py at every concurrency level, with the
+same seeded payload mix; we record throughput, p50/p99 and CPU-seconds per 1,000 requests (user +
+system time of the server's process tree). With no server running, the model-only references
+are then measured on the same payloads: ORT time per request run alone (concurrency 1) and ORT
+throughput on full length-sorted batches. Targets reported: throughput at concurrency 32 >= 90% of
+the model-only batched throughput; p50 at concurrency 1 <= 1 ms + 110% of the model-only time.
+The load generator runs in this process and shares the CPU with the server, for both servers alike.
+Writes benchmarks/results/service{,_quick}.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import bench_common as common  # noqa: E402
+from benchmarks import loadgen  # noqa: E402
+from benchmarks.loadgen_payloads import make_payload  # noqa: E402
+
+ENDPOINTS = ("classify", "qa")
+SERVERS = ("ours", "pipeline")
+TARGET_C32_FRACTION = 0.9
+OVERHEAD_FIXED_MS, OVERHEAD_RELATIVE = 1.0, 0.10
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its live descendants."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = 0.0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def tree_rss_mb(pid: int) -> float:
+    import psutil
+
+    process = psutil.Process(pid)
+    return round(sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20, 1)
+
+
+@contextmanager
+def server(command: list[str], env: dict[str, str], log_path: Path, url: str, ready_timeout: float):
+    """Start a server process, wait for GET /ready, yield its pid; SIGTERM (then kill) on exit."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, env={**os.environ, **env}, cwd=common.ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            try:
+                asyncio.run(loadgen.wait_ready(url, ready_timeout))
+            except TimeoutError:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise SystemExit(
+                    f"{command[:4]} not ready at {url} after {ready_timeout:.0f}s; log:\n{tail}"
+                ) from None
+            if proc.poll() is not None:
+                raise SystemExit(f"server exited with {proc.returncode}; see {log_path}")
+            yield proc.pid
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def our_server(bundle: Path, port: int, args: argparse.Namespace, models_dir: Path) -> tuple[list[str], dict]:
+    models_dir.mkdir(parents=True, exist_ok=True)
+    link = models_dir / bundle.name
+    if not link.exists():
+        link.symlink_to(bundle.resolve(), target_is_directory=True)
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "app.main:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-server-header",
+    ]
+    env = {
+        "MODELS_DIR": str(models_dir),
+        "CPU_VARIANT": args.cpu_variant,
+        "DEVICE": "cpu",
+        "INTRA_OP_THREADS": str(args.threads),
+    }
+    return command, env
+
+
+def pipeline_server(task: str, checkpoint: Path, bundle: Path, port: int, args) -> tuple[list[str], dict]:
+    from benchmarks.pipeline_server import qa_settings_from_bundle
+    from export.bundle import load_bundle_manifest
+
+    script = str(common.ROOT / "benchmarks" / "pipeline_server.py")
+    command = [sys.executable, script, f"--{task}", str(checkpoint), "--port", str(port)]
+    command += ["--threads", str(args.threads)]
+    if task == "classify":
+        command += ["--classify-max-length", str(load_bundle_manifest(bundle).max_seq_len)]
+    if task == "qa":
+        qa = qa_settings_from_bundle(bundle)
+        command += ["--qa-max-seq-len", str(qa.max_seq_len), "--qa-doc-stride", str(qa.doc_stride)]
+        command += [
+            "--qa-max-question-len",
+            str(qa.max_question_len),
+            "--qa-max-answer-len",
+            str(qa.max_answer_len),
+        ]
+    return command, {}
+
+
+def load_levels(url: str, pid: int, endpoint: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Warm up, then one closed-loop run per concurrency level with CPU accounting."""
+    base = loadgen.LoadConfig(
+        url=url,
+        duration_s=args.warmup,
+        concurrency=max(args.concurrency),
+        endpoints={endpoint: 1.0},
+        timeout_s=args.timeout,
+        seed=args.seed,
+    )
+    loadgen.run(base)
+    rows = []
+    for level in args.concurrency:
+        config = loadgen.LoadConfig(**{**base.__dict__, "duration_s": args.duration, "concurrency": level})
+        cpu_before = tree_cpu_seconds(pid)
+        report = loadgen.run(config)
+        cpu = tree_cpu_seconds(pid) - cpu_before
+        ok = report["ok"]
+        rows.append(
+            {
+                "concurrency": level,
+                "requests": report["requests"],
+                "ok": ok,
+                "errors": report["errors"],
+                "errors_by_status": report["errors_by_status"],
+                "schema_errors": report["schema_errors"],
+                "throughput_rps": report["throughput_rps"],
+                "latency_ms": report["latency_ms"],
+                "cpu_seconds": round(cpu, 3),
+                "cpu_seconds_per_1000_requests": round(1000 * cpu / ok, 3) if ok else None,
+                "elapsed_s": report["elapsed_s"],
+            }
+        )
+        lat = report["latency_ms"]
+        print(
+            f"    c={level:<3} {report['throughput_rps']:8.2f} req/s  p50 {lat['p50']} ms  "
+            f"p99 {lat['p99']} ms  errors {report['errors']}  "
+            f"cpu/1k {rows[-1]['cpu_seconds_per_1000_requests']} s",
+            flush=True,
+        )
+    return rows
+
+
+def model_only(bundle: Path, endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks.model_only import BundleModel, batched_reference, single_request_reference
+
+    rng = random.Random(args.seed)  # the same payload pool the load generator draws from
+    payloads = [make_payload(endpoint, rng) for _ in range(loadgen.POOL_SIZE)]
+    model = BundleModel(bundle, args.cpu_variant, args.threads)
+    return {
+        "variant": args.cpu_variant,
+        "threads": model.threads,
+        "single_request": single_request_reference(model, payloads, args.model_seconds),
+        "batched": batched_reference(model, payloads, args.model_seconds),
+    }
+
+
+def targets(entry: dict[str, Any]) -> dict[str, Any]:
+    """The two service targets, computed from our server's rows and the model-only references."""
+    ours = {r["concurrency"]: r for r in entry["servers"]["ours"]["levels"]}
+    ref, out = entry["model_only"], {}
+    batched = ref["batched"]["requests_per_s"]
+    if 32 in ours and batched:
+        fraction = ours[32]["throughput_rps"] / batched
+        out["c32_throughput_vs_model_batched"] = {
+            "service_rps": ours[32]["throughput_rps"],
+            "model_batched_rps": batched,
+            "model_batch_size": ref["batched"]["reference_batch_size"],
+            "fraction": round(fraction, 3),
+            "fraction_of_best_batch_size": round(
+                ours[32]["throughput_rps"] / ref["batched"]["best_requests_per_s"], 3
+            ),
+            "target": TARGET_C32_FRACTION,
+            "passed": fraction >= TARGET_C32_FRACTION,
+        }
+    if 1 in ours and ours[1]["latency_ms"]["p50"] is not None:
+        single = ref["single_request"]
+        for stat, service in (("p50", ours[1]["latency_ms"]["p50"]), ("mean", ours[1]["latency_ms"]["mean"])):
+            model_ms = single[f"{stat}_ms"]
+            allowed = OVERHEAD_FIXED_MS + (1 + OVERHEAD_RELATIVE) * model_ms
+            out[f"c1_overhead_{stat}"] = {
+                "service_ms": service,
+                "model_only_ms": model_ms,
+                "overhead_ms": round(service - model_ms, 3),
+                "allowed_ms": round(allowed, 3),
+                "passed": service <= allowed,
+            }
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    lines = [
+        "# Service vs transformers-pipeline server",
+        "",
+        f"Generated {report['created_at']} by `{s['command']}`.",
+        "",
+        f"- Machine: {common.machine_line(report['machine'])}",
+        f"- Closed loop (benchmarks/loadgen.py), {s['duration_s']} s per level after "
+        f"{s['warmup_s']} s warm-up, seed {s['seed']}; our server: CPU_VARIANT={s['cpu_variant']}, "
+        f"INTRA_OP_THREADS={s['threads']}; "
+        "load generator in the same machine.",
+        "",
+    ]
+    for name, entry in report["endpoints"].items():
+        lines += [
+            f"## /{name}",
+            "",
+            f"Bundle `{entry['bundle']}`; baseline checkpoint `{entry['checkpoint']}` "
+            f"({entry['checkpoint_source']}).",
+            "",
+            "| server | concurrency | req/s | p50 ms | p99 ms | errors | CPU-s / 1k req |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for server_name, result in entry["servers"].items():
+            for r in result["levels"]:
+                lat = r["latency_ms"]
+                lines.append(
+                    f"| {server_name} | {r['concurrency']} | {r['throughput_rps']:.1f} | {lat['p50']} | "
+                    f"{lat['p99']} | {r['errors']} | {r['cpu_seconds_per_1000_requests']} |"
+                )
+        ref = entry["model_only"]
+        lines += [
+            "",
+            f"Model-only ORT ({ref['variant']}, {ref['threads']} threads): one request alone "
+            f"p50 {ref['single_request']['p50_ms']} ms, mean {ref['single_request']['mean_ms']} ms; "
+            f"length-sorted full batches: "
+            + ", ".join(
+                f"batch {size}: {r['requests_per_s']} req/s"
+                for size, r in ref["batched"]["by_batch_size"].items()
+            )
+            + f" ({ref['batched']['sequences_per_request']} sequences per request).",
+            "",
+        ]
+        for key, t in entry["targets"].items():
+            lines.append(f"- {key}: " + ", ".join(f"{k} {v}" for k, v in t.items()))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    plt = common.pyplot()
+    names = list(report["endpoints"])
+    fig, axes = plt.subplots(len(names), 2, figsize=(12, 4.2 * len(names)), squeeze=False)
+    for row, name in zip(axes, names, strict=True):
+        entry = report["endpoints"][name]
+        for server_name, result in entry["servers"].items():
+            levels = result["levels"]
+            c = [r["concurrency"] for r in levels]
+            row[0].plot(c, [r["throughput_rps"] for r in levels], "o-", label=server_name)
+            row[1].plot(
+                c, [r["latency_ms"]["p50"] or float("nan") for r in levels], "o-", label=f"{server_name} p50"
+            )
+            row[1].plot(
+                c, [r["latency_ms"]["p99"] or float("nan") for r in levels], "x--", label=f"{server_name} p99"
+            )
+        row[0].axhline(
+            entry["model_only"]["batched"]["requests_per_s"],
+            color="grey",
+            ls=":",
+            label=f"model-only ORT, batches of {entry['model_only']['batched']['reference_batch_size']}",
+        )
+        row[1].axhline(
+            entry["model_only"]["single_request"]["p50_ms"],
+            color="grey",
+            ls=":",
+            label="model-only single request (p50)",
+        )
+        for ax, ylabel in zip(row, ("requests/s", "latency, ms (log)"), strict=True):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrency (closed loop)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"/{name}")
+            ax.legend(fontsize=8)
+        row[1].set_yscale("log")
+    fig.suptitle(f"Service vs transformers baseline: {report['machine']['cpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_endpoint(endpoint: str, bundle: Path, checkpoint: Path, how: str, args) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "bundle": str(bundle),
+        "checkpoint": str(checkpoint),
+        "checkpoint_source": how,
+        "servers": {},
+    }
+    for kind in args.servers:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        if kind == "ours":
+            command, env = our_server(
+                bundle, port, args, Path(tempfile.mkdtemp(prefix="models-", dir=args.work_dir))
+            )
+        else:
+            command, env = pipeline_server(endpoint, checkpoint, bundle, port, args)
+        print(f"  {kind} server: {' '.join(command)}", flush=True)
+        started = time.perf_counter()
+        with server(
+            command, env, args.work_dir / "logs" / f"{endpoint}-{kind}.log", url, args.ready_timeout
+        ) as pid:
+            ready_s = round(time.perf_counter() - started, 1)
+            import httpx
+
+            info = httpx.get(f"{url}/models", timeout=10).json()
+            levels = load_levels(url, pid, endpoint, args)
+            rss = tree_rss_mb(pid)
+        entry["servers"][kind] = {
+            "command": command,
+            "env": env,
+            "ready_seconds": ready_s,
+            "models": info,
+            "rss_mb_after_load": rss,
+            "levels": levels,
+        }
+    print("  model-only ORT reference", flush=True)
+    entry["model_only"] = model_only(bundle, endpoint, args)
+    entry["targets"] = targets(entry) if "ours" in entry["servers"] else {}
+    return entry
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke run: c=1,8, 2 s per level")
+    p.add_argument("--endpoints", default=",".join(ENDPOINTS), help="comma list of classify,qa")
+    p.add_argument("--servers", default=",".join(SERVERS), help="comma list of ours,pipeline")
+    p.add_argument("--concurrency", help="comma list (default 1,8,32,64; quick 1,8)")
+    p.add_argument("--duration", type=float, help="seconds per level (default 20; quick 2)")
+    p.add_argument("--warmup", type=float, help="warm-up seconds per server (default 5; quick 1)")
+    p.add_argument(
+        "--model-seconds", type=float, help="seconds per model-only reference (default 10; quick 1)"
+    )
+    p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, s")
+    p.add_argument("--ready-timeout", type=float, default=300.0, help="wait this long for a server's /ready")
+    p.add_argument("--cpu-variant", default="int8", choices=("int8", "fused", "fp32"))
+    p.add_argument("--threads", type=int, default=0, help="ORT and torch threads (0 = all cores)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--classify-bundle", type=Path, default=common.default_bundle("classify"))
+    p.add_argument("--qa-bundle", type=Path, default=common.default_bundle("qa"))
+    p.add_argument(
+        "--classify-checkpoint",
+        default="auto",
+        help="baseline checkpoint; auto = the bundle's source (see bench_common.resolve_checkpoint)",
+    )
+    p.add_argument("--qa-checkpoint", default="auto")
+    p.add_argument(
+        "--dev-models", action="store_true", help="MiniLM with random heads instead of the defaults"
+    )
+    p.add_argument("--work-dir", type=Path, default=common.WORK)
+    p.add_argument("--out", type=Path, default=common.RESULTS)
+    args = p.parse_args(argv)
+    args.endpoints = [e for e in args.endpoints.split(",") if e]
+    args.servers = [s for s in args.servers.split(",") if s]
+    if set(args.endpoints) - set(ENDPOINTS) or not args.endpoints:
+        p.error(f"--endpoints must name some of {ENDPOINTS}")
+    if set(args.servers) - set(SERVERS) or not args.servers:
+        p.error(f"--servers must name some of {SERVERS}")
+    levels = args.concurrency or ("1,8" if args.quick else "1,8,32,64")
+    try:
+        args.concurrency = [int(c) for c in levels.split(",") if c.strip()]
+    except ValueError:
+        p.error(f"--concurrency {levels!r} is not a comma list of integers")
+    if not args.concurrency or min(args.concurrency) < 1:
+        p.error("--concurrency levels must be >= 1")
+    args.duration = args.duration or (2.0 if args.quick else 20.0)
+    args.warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 5.0)
+    args.model_seconds = args.model_seconds or (1.0 if args.quick else 10.0)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    models: dict[str, tuple[Path, str | None]] = {
+        "classify": (args.classify_bundle, args.classify_checkpoint),
+        "qa": (args.qa_bundle, args.qa_checkpoint),
+    }
+    if args.dev_models:
+        built = common.build_dev_models(args.endpoints, args.work_dir)
+        models = {task: (bundle, str(checkpoint)) for task, (checkpoint, bundle) in built.items()}
+    report: dict[str, Any] = {
+        "created_at": common.now(),
+        "machine": common.machine_info(args.threads or None),
+        "settings": {
+            "command": "python benchmarks/service_bench.py "
+            + " ".join(argv if argv is not None else sys.argv[1:]),
+            "quick": args.quick,
+            "concurrency": args.concurrency,
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "model_seconds": args.model_seconds,
+            "cpu_variant": args.cpu_variant,
+            "threads": args.threads,
+            "seed": args.seed,
+            "servers": args.servers,
+            "dev_models": args.dev_models,
+            "targets": {
+                "c32_fraction_of_model_batched": TARGET_C32_FRACTION,
+                "c1_overhead": f"<= {OVERHEAD_FIXED_MS} ms + {OVERHEAD_RELATIVE:.0%} of model-only",
+            },
+        },
+        "endpoints": {},
+    }
+    for endpoint in args.endpoints:
+        bundle = common.require_bundle(Path(models[endpoint][0]), endpoint)
+        checkpoint, how = common.resolve_checkpoint(bundle, models[endpoint][1], endpoint, args.work_dir)
+        print(f"/{endpoint}: bundle {bundle}, baseline checkpoint {checkpoint} ({how})", flush=True)
+        report["endpoints"][endpoint] = run_endpoint(endpoint, bundle, checkpoint, how, args)
+    stem = "service_quick" if args.quick else "service"
+    common.write_results(args.out, stem, report, markdown(report), lambda path: plot(report, path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -60,6 +60,16 @@ class BatcherClosed(BatcherError):
         super().__init__("the model is shutting down")
 
 
+class BatchFailed(RuntimeError):
+    """The model raised on a batch. Each of its items gets its own instance (the model's error as
+    the cause): one exception object re-raised by many requests would pile up their tracebacks."""
+
+    def __init__(self, batch_id: int, error: BaseException):
+        super().__init__(f"inference failed for batch {batch_id}: {error}")
+        self.batch_id = batch_id
+        self.__cause__ = error
+
+
 class BatchObserver(Protocol):
     def on_batch(self, items: int, rows: int, padded_tokens: int) -> None: ...
     def on_queue_depth(self, depth: int) -> None: ...
@@ -251,11 +261,12 @@ class Batcher:
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the worker
             log.error(
                 "batch failed",
+                exc_info=exc,  # the traceback, once per batch
                 extra={"model": self.name, "batch_id": batch_id, "items": len(items), "error": repr(exc)},
             )
             for item in items:
                 if item.future is not None and not item.future.done():
-                    item.future.set_exception(exc)
+                    item.future.set_exception(BatchFailed(batch_id, exc))
             return
         inference_s = loop.time() - started
         for index, item in enumerate(items):

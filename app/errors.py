@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .batcher import BatcherClosed, QueueFull, TooLarge
+from .batcher import BatcherClosed, BatchFailed, QueueFull, TooLarge
 from .logs import request_id_var
 
 log = logging.getLogger("app.errors")
@@ -77,6 +77,10 @@ def validation_fields(errors: list[dict[str, Any]]) -> list[dict[str, str]]:
     return fields
 
 
+def _body_error(message: str) -> tuple[str, list[dict[str, str]]]:
+    return message, [{"field": "body", "message": message}]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -92,9 +96,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and "parsing the body" in str(exc.detail):
-            # FastAPI's "error parsing the body": in practice a body that is not UTF-8.
-            message = "request body could not be decoded: send UTF-8 encoded JSON"
-            fields = [{"field": "body", "message": message}]
+            # FastAPI's "error parsing the body"; the cause says what was wrong with it.
+            cause = exc.__cause__
+            if isinstance(cause, RecursionError):
+                return error_response(422, "invalid_request", *_body_error("invalid JSON: nested too deeply"))
+            if isinstance(cause, ValueError) and not isinstance(cause, UnicodeDecodeError):
+                # e.g. an integer with more digits than Python converts
+                return error_response(422, "invalid_request", *_body_error(f"invalid JSON: {cause}"))
+            message, fields = _body_error("request body could not be decoded: send UTF-8 encoded JSON")
             return error_response(400, "invalid_body", message, fields, getattr(exc, "headers", None))
         code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(
             exc.status_code, "error"
@@ -113,6 +122,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TooLarge)
     async def _too_large(request: Request, exc: TooLarge) -> JSONResponse:
         return error_response(413, "too_large", f"{exc}: shorten the input or raise MAX_QUEUE")
+
+    @app.exception_handler(BatchFailed)
+    async def _batch_failed(request: Request, exc: BatchFailed) -> JSONResponse:
+        # The batcher has logged the model's error with its traceback; the client gets no internals.
+        message = f"inference failed for the batch holding this request (batch {exc.batch_id}); retry later"
+        return error_response(500, "inference_failed", message)
 
     @app.exception_handler(BatcherClosed)
     async def _closed(request: Request, exc: BatcherClosed) -> JSONResponse:

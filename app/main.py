@@ -27,6 +27,7 @@ from .metrics import Metrics
 from .middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
 from .registry import Registry
 from .routes import router
+from .runtime import fix_malloc_mmap_threshold
 from .services import make_service
 from .settings import Settings
 
@@ -99,6 +100,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.registry.discover()  # ConfigError here stops the server: nothing sensible to serve
+        if fix_malloc_mmap_threshold(settings.malloc_mmap_threshold):  # before any session exists
+            log.debug("malloc mmap threshold fixed", extra={"bytes": settings.malloc_mmap_threshold})
         state.loader = asyncio.create_task(state.registry.load_all(), name="load-bundles")
         restore_signals = _hook_termination(state)
         try:
@@ -129,10 +132,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(router)
     # Added innermost first: the request-context middleware wraps everything, CORS headers
-    # reach error responses too, excess requests are refused before their body is read, and
-    # oversized bodies stop before FastAPI parses them.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    # reach error responses too, oversized bodies stop before FastAPI parses them, and excess
+    # requests are refused once their body is in (so slow senders never hold an admission slot)
+    # but before it is parsed and tokenized.
     app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight, metrics=metrics)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
     origins = settings.cors_origin_list
     if origins:
         app.add_middleware(

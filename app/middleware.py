@@ -50,12 +50,13 @@ class InFlight:
 
 
 class AdmissionMiddleware:
-    """Refuse an inference request with 429 before reading its body when its task already has
-    `max_in_flight` requests being served.
+    """Refuse an inference request with 429 when its task already has `max_in_flight` requests
+    being served. It sits inside BodyLimitMiddleware: a request counts once its body is in, so
+    clients that send slowly never hold a slot.
 
-    The batcher's queue bound alone is not enough under overload: a refused request would still
-    be read, parsed, validated and tokenized before the queue says no, which costs nearly as much
-    CPU as serving it, so refusals would wait behind the backlog. Refusing here costs almost nothing.
+    The batcher's queue bound alone is not enough under overload: a refused request would first be
+    parsed, validated and tokenized, which costs nearly as much CPU as serving it, so refusals would
+    wait behind the backlog, and every waiting request would hold its parsed body in memory.
     """
 
     def __init__(self, app: ASGIApp, max_in_flight: int, metrics: Metrics):

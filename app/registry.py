@@ -28,6 +28,7 @@ from .metrics import Metrics
 from .runtime import (
     OrtRuntime,
     RuntimeConfigError,
+    SessionTuning,
     available_providers,
     choose_variant,
     create_runtime,
@@ -205,8 +206,14 @@ class Registry:
         verify_bundle_files(bundle.path, manifest, bundle.variant)
         bundle.tokenizer = TextTokenizer.from_dir(bundle.path)
         bundle.threads = threads
+        tuning = SessionTuning(
+            spinning=spinning,
+            mem_pattern=self.settings.ort_mem_pattern,
+            cpu_arena=self.settings.ort_cpu_arena,
+            arena_shrinkage=self.settings.ort_arena_shrinkage,
+        )
         bundle.runtime = create_runtime(
-            manifest.variant_path(bundle.path, bundle.variant), self.device, threads, spinning
+            manifest.variant_path(bundle.path, bundle.variant), self.device, threads, tuning
         )
         self._warm_up(bundle)
 

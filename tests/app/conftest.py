@@ -1,75 +1,23 @@
-"""Four tiny real bundles (exported once per session) and an in-process app client."""
+"""The in-process app client. The tiny bundles (app_bundles, models_dir, ...) are session fixtures in
+tests/conftest.py, shared with tests/deploy and tests/reliability."""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
-from tests.helpers.tiny import make_tiny_checkpoint
-
-TASKS = ("classify", "ner", "multiple-choice", "qa")
-MAX_SEQ_LEN = 64  # short windows: long-input tests stay small
+from tests.conftest import MAX_SEQ_LEN, TASKS  # noqa: F401 - re-exported for the app tests
 
 
-@pytest.fixture(scope="session")
-def app_bundles(tmp_path_factory) -> dict[str, Path]:
-    from export import export_bundle
-
-    root = tmp_path_factory.mktemp("app-bundles")
-    out = {}
-    for task in TASKS:
-        checkpoint = make_tiny_checkpoint(task, root / "checkpoints" / task)
-        out[task] = export_bundle(
-            checkpoint, root / "models" / task, max_seq_len=MAX_SEQ_LEN, name=f"tiny-{task}"
-        )
-    return out
-
-
-@pytest.fixture(scope="session")
-def regression_bundle(tmp_path_factory) -> Path:
-    """A one-output classify bundle (problem_type regression), fp32 + int8 only."""
-    import torch
-
-    from export import export_bundle
-    from model.bert import TASK_HEADS
-    from tests.helpers.tiny import tiny_config, write_tokenizer_files
-
-    root = tmp_path_factory.mktemp("regression")
-    config = tiny_config("classify")
-    config.id2label = {0: "similarity"}
-    torch.manual_seed(0)
-    write_tokenizer_files(root / "checkpoint")
-    TASK_HEADS["classify"](config).save_pretrained(root / "checkpoint", tokenizer_from=root / "checkpoint")
-    out = root / "models" / "sts"
-    return export_bundle(root / "checkpoint", out, max_seq_len=MAX_SEQ_LEN, variants=("fp32", "int8"))
-
-
-@pytest.fixture(scope="session")
-def models_dir(app_bundles) -> Path:
-    """MODELS_DIR holding all four bundles (shared: never modify it)."""
-    return next(iter(app_bundles.values())).parent
-
-
-@pytest.fixture
-def make_models_dir(app_bundles, tmp_path):
-    """A private MODELS_DIR with copies of some bundles, which a test may damage or rename."""
-
-    def make(tasks: tuple[str, ...] | dict[str, str] = TASKS) -> Path:
-        root = tmp_path / f"models-{len(list(tmp_path.iterdir()))}"
-        root.mkdir()
-        names = tasks if isinstance(tasks, dict) else {task: task for task in tasks}
-        for dir_name, task in names.items():
-            shutil.copytree(app_bundles[task], root / dir_name)
-        return root
-
-    return make
+async def still_loading(client: httpx.AsyncClient) -> bool:
+    """A failed bundle makes /ready fail at once; the others may still be loading."""
+    models = (await client.get("/models")).json()["models"]
+    return any(m["status"] in ("loading", "pending") for m in models)
 
 
 async def wait_ready(client: httpx.AsyncClient, timeout_s: float = 30.0) -> httpx.Response:
@@ -77,7 +25,8 @@ async def wait_ready(client: httpx.AsyncClient, timeout_s: float = 30.0) -> http
     deadline = loop.time() + timeout_s
     while True:
         response = await client.get("/ready")
-        if response.status_code == 200 or response.json().get("status") == "failed" or loop.time() > deadline:
+        settled = response.json().get("status") == "failed" and not await still_loading(client)
+        if response.status_code == 200 or settled or loop.time() > deadline:
             return response
         await asyncio.sleep(0.02)
 

@@ -18,7 +18,6 @@ import httpx
 import pytest
 
 from benchmarks.loadgen_payloads import ENDPOINTS
-from tests.app.conftest import app_bundles, models_dir  # noqa: F401 - session fixtures: four tiny bundles
 from tests.deploy.files import (
     DASHBOARD,
     ENTRYPOINT,
@@ -38,7 +37,7 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def server(models_dir, tmp_path):  # noqa: F811 - the imported fixture
+def server(models_dir, tmp_path):  # models_dir: the session's tiny bundles (tests/conftest.py)
     port = free_port()
     env = {
         **os.environ,

@@ -39,15 +39,23 @@ def outputs(model, seed=1):
         return model.eval()(ids).logits
 
 
-def test_full_rank_rebuild_matches(tmp_path, base_and_tuned):
+@pytest.mark.parametrize("bits", [8, 16])
+def test_full_rank_rebuild_matches(tmp_path, base_and_tuned, bits):
     base_dir, tuned_dir, tuned = base_and_tuned
-    report = compress(tuned_dir, base_dir, tmp_path / "compact", rank=64)
+    report = compress(tuned_dir, base_dir, tmp_path / "compact", rank=64, bits=bits)
     assert report["min_energy_kept"] > 0.999999
     rebuilt = bert.BertForSequenceClassification.from_pretrained(
         rebuild(tmp_path / "compact", tmp_path / "r", base_dir)
     )
     assert rebuilt.config.id2label == {0: "neg", 1: "pos"}
-    assert (outputs(rebuilt) - outputs(tuned)).abs().max() < 2e-3  # fp16 storage
+    assert (outputs(rebuilt) - outputs(tuned)).abs().max() < (2e-2 if bits == 8 else 2e-3)
+
+
+def test_int8_factors_halve_the_size(tmp_path, base_and_tuned):
+    base_dir, tuned_dir, _ = base_and_tuned
+    fp16 = compress(tuned_dir, base_dir, tmp_path / "a", rank=16, bits=16)
+    int8 = compress(tuned_dir, base_dir, tmp_path / "b", rank=16, bits=8)
+    assert int8["bytes"] < 0.75 * fp16["bytes"]
 
 
 def test_low_rank_is_smaller_and_approximate(tmp_path, base_and_tuned):

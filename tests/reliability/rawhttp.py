@@ -23,9 +23,13 @@ class RawResponse:
         return json.loads(self.body)
 
 
-def encode_request(method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> bytes:
+def encode_request(
+    method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> bytes:
     lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1"]
-    all_headers = {"Content-Type": "application/json", **(headers or {})} if body is not None else dict(headers or {})
+    all_headers = (
+        {"Content-Type": "application/json", **(headers or {})} if body is not None else dict(headers or {})
+    )
     if body is not None:
         all_headers["Content-Length"] = str(len(body))
     lines += [f"{name}: {value}" for name, value in all_headers.items()]

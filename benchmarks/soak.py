@@ -1,0 +1,301 @@
+"""Soak test: the real server at half its saturating rate for a long time, watching memory and errors.
+
+    .venv/bin/python benchmarks/soak.py --models-dir models                  # 30 minutes
+    .venv/bin/python benchmarks/soak.py --tiny --duration 60 --name soak_smoke  # 1-minute smoke run
+
+Starts `uvicorn app.main:app` on loopback with MODELS_DIR (other settings from the environment or
+--server-env), finds the saturating rate with a short closed-loop run of benchmarks/loadgen.py's
+request mix, then sends that mix open loop at --fraction of it (default 50%) for --duration seconds,
+sampling the server's RSS every --sample-every seconds. Passes (exit 0) when no request failed or
+was dropped and RSS grew less than --max-growth-pct from the end of the warm-up to the end.
+Writes benchmarks/results/<name>.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.loadgen import LoadConfig, parse_mix, run_load, wait_ready  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+TINY_MODELS = ROOT / ".cache" / "soak" / "tiny-models"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_tiny_models(root: Path) -> Path:
+    """Four tiny random bundles (the test suite's), built once: a smoke run needs no real model."""
+    if root.is_dir() and len(list(root.glob("*/bundle.json"))) == 4:
+        return root
+    from export import export_bundle
+    from tests.helpers.tiny import make_tiny_checkpoint
+
+    for task in ("classify", "ner", "multiple-choice", "qa"):
+        checkpoint = make_tiny_checkpoint(task, root.parent / "tiny-checkpoints" / task)
+        export_bundle(checkpoint, root / task, max_seq_len=64, name=f"tiny-{task}", overwrite=True)
+    return root
+
+
+def start_server(models_dir: Path, port: int, extra_env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "MODELS_DIR": str(models_dir), "LOG_LEVEL": "WARNING", **extra_env}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def rss_growth(samples: list[dict[str, float]], warmup_s: float) -> dict[str, float | None]:
+    """RSS at the end of the warm-up vs at the end, and the least-squares slope after the warm-up."""
+    steady = [s for s in samples if s["t_s"] >= warmup_s] or samples[-1:]
+    baseline, final = steady[0]["rss_mb"], steady[-1]["rss_mb"]
+    slope = None
+    if len(steady) >= 3:
+        ts, rs = [s["t_s"] for s in steady], [s["rss_mb"] for s in steady]
+        t_mean, r_mean = sum(ts) / len(ts), sum(rs) / len(rs)
+        var = sum((t - t_mean) ** 2 for t in ts)
+        slope = (
+            sum((t - t_mean) * (r - r_mean) for t, r in zip(ts, rs, strict=True)) / var * 3600
+            if var
+            else None
+        )
+    return {
+        "baseline_mb": round(baseline, 1),
+        "final_mb": round(final, 1),
+        "peak_mb": round(max(s["rss_mb"] for s in samples), 1),
+        "growth_mb": round(final - baseline, 1),
+        "growth_pct": round((final - baseline) / baseline * 100, 2),
+        "slope_mb_per_hour": round(slope, 1) if slope is not None else None,
+    }
+
+
+async def sample_rss(pid: int, every_s: float, samples: list[dict[str, float]], stop: asyncio.Event) -> None:
+    import psutil
+
+    process, started = psutil.Process(pid), time.monotonic()
+    process.cpu_percent()  # the first call only starts the measurement
+    while True:
+        samples.append(
+            {
+                "t_s": round(time.monotonic() - started, 1),
+                "rss_mb": round(process.memory_info().rss / 2**20, 2),
+                "cpu_percent": process.cpu_percent(),
+                "threads": process.num_threads(),
+                "open_files": process.num_fds(),
+            }
+        )
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+            return
+        except asyncio.TimeoutError:
+            pass
+
+
+async def soak(config: LoadConfig, pid: int, every_s: float) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    samples: list[dict[str, float]] = []
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample_rss(pid, every_s, samples, stop))
+    try:
+        report = await run_load(config)
+    finally:
+        stop.set()
+        await sampler
+    return report, samples
+
+
+def write_report(report: dict[str, Any], out_dir: Path, name: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    load, rss, lat = report["load"], report["rss"], report["load"]["latency_ms"]
+    verdict = "PASS" if report["passed"] else "FAIL"
+    lines = [
+        f"# Soak test: {verdict}",
+        "",
+        f"Generated {report['generated']} by `{report['command']}`.",
+        "",
+        f"- Models: {report['models_dir']}; server settings from the environment plus {report['server_env']}",
+        (
+            f"- Saturating rate (closed loop, {report['probe']['concurrency']} clients, "
+            f"{report['probe']['duration_s']} s): {report['saturation_rps']} req/s; soak rate "
+            f"{report['rate_rps']} req/s ({report['fraction']:.0%} of it)"
+            if report["saturation_rps"]
+            else f"- Soak rate {report['rate_rps']} req/s (given)"
+        )
+        + f" for {report['duration_s']} s, endpoints {report['endpoints']}",
+        f"- Requests: {load['requests']}, ok {load['ok']}, errors {load['errors']} "
+        f"{load['errors_by_status'] or ''}, dropped {load['dropped']}, schema errors {load['schema_errors']}",
+        f"- Latency (ms): p50 {lat['p50']}, p95 {lat['p95']}, p99 {lat['p99']}, max {lat['max']}",
+        f"- RSS: {rss['baseline_mb']} MB after the {report['warmup_s']} s warm-up -> {rss['final_mb']} MB at "
+        f"the end ({rss['growth_pct']:+}%, limit {report['max_growth_pct']}%), peak {rss['peak_mb']} MB, "
+        f"trend {rss['slope_mb_per_hour']} MB/h",
+        f"- Zero errors: {report['checks']['zero_errors']}; RSS growth within limit: "
+        f"{report['checks']['rss_growth_ok']}; clean shutdown: {report['checks']['clean_shutdown']}",
+        "",
+        "| t (s) | RSS (MB) | CPU % | threads | open files |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    step = max(1, len(report["samples"]) // 30)  # at most ~30 rows; the JSON has them all
+    for s in report["samples"][::step]:
+        lines.append(
+            f"| {s['t_s']} | {s['rss_mb']} | {s['cpu_percent']} | {s['threads']} | {s['open_files']} |"
+        )
+    (out_dir / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot([s["t_s"] for s in report["samples"]], [s["rss_mb"] for s in report["samples"]])
+    ax.axvline(report["warmup_s"], linestyle="--", color="grey", label="end of warm-up")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("server RSS (MB)")
+    ax.set_title(f"Soak at {report['rate_rps']} req/s: {verdict}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / f"{name}.png", dpi=120)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models-dir", type=Path, help="MODELS_DIR for the server")
+    p.add_argument("--tiny", action="store_true", help="serve four tiny random bundles (built once)")
+    p.add_argument("--duration", type=float, default=1800.0, help="seconds at the soak rate (default 30 min)")
+    p.add_argument("--fraction", type=float, default=0.5, help="share of the saturating rate (default 0.5)")
+    p.add_argument("--rate", type=float, help="requests/s; skips the saturation probe")
+    p.add_argument("--probe-duration", type=float, default=15.0, help="seconds of the saturation probe")
+    p.add_argument("--probe-concurrency", type=int, default=16)
+    p.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS samples")
+    p.add_argument("--warmup", type=float, help="seconds before the RSS baseline (default 10%% of duration)")
+    p.add_argument("--max-growth-pct", type=float, default=10.0, help="RSS growth allowed after warm-up")
+    p.add_argument("--endpoints", default="all", help="loadgen mix: 'all', 'classify,qa', 'classify=3,ner=1'")
+    p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE", help="server setting")
+    p.add_argument("--name", default="soak", help="results file name (default soak)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    if (args.models_dir is None) == (not args.tiny):
+        p.error("give --models-dir DIR or --tiny")
+    if args.models_dir is not None and not args.models_dir.is_dir():
+        p.error(f"--models-dir {args.models_dir} is not a directory")
+    if not 0 < args.fraction <= 1 or args.duration <= 0 or args.sample_every <= 0:
+        p.error("--fraction must be in (0, 1], --duration and --sample-every > 0")
+    for item in args.server_env:
+        if "=" not in item:
+            p.error(f"--server-env {item!r} must look like KEY=VALUE")
+    try:
+        parse_mix(args.endpoints)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    models_dir = build_tiny_models(TINY_MODELS) if args.tiny else args.models_dir.resolve()
+    server_env = dict(item.split("=", 1) for item in args.server_env)
+    if args.tiny:
+        # 64-token windows turn one long loadgen QA context into hundreds of queued work items.
+        server_env.setdefault("MAX_QUEUE", "8192")
+    api_key = server_env.get("API_KEY") or os.environ.get("API_KEY") or None  # the server's, if it has one
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = ROOT / ".cache" / "soak" / f"{args.name}.server.log"
+    server = start_server(models_dir, port, server_env, log_path)
+    mix = parse_mix(args.endpoints)
+    try:
+        asyncio.run(wait_ready(url, 300))
+        if args.rate:
+            saturation = None
+            rate = args.rate
+        else:
+            probe = LoadConfig(
+                url=url, rate=None, duration_s=args.probe_duration, concurrency=args.probe_concurrency,
+                endpoints=mix, seed=1, api_key=api_key,
+            )  # fmt: skip
+            print(
+                f"probing saturation: closed loop, {args.probe_concurrency} clients, {args.probe_duration}s"
+            )
+            saturation = asyncio.run(run_load(probe))["throughput_rps"]
+            rate = round(args.fraction * saturation, 2)
+        print(f"soaking at {rate} req/s for {args.duration}s, RSS every {args.sample_every}s", flush=True)
+        config = LoadConfig(
+            url=url,
+            rate=rate,
+            duration_s=args.duration,
+            concurrency=256,
+            endpoints=mix,
+            seed=2,
+            api_key=api_key,
+        )
+        load, samples = asyncio.run(soak(config, server.pid, args.sample_every))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            exit_code = server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            exit_code = server.wait()
+    log_text = log_path.read_text(encoding="utf-8", errors="replace")
+    warmup = args.warmup if args.warmup is not None else round(0.1 * args.duration, 1)
+    rss = rss_growth(samples, warmup)
+    checks = {
+        "zero_errors": load["errors"] == 0 and load["dropped"] == 0 and load["schema_errors"] == 0,
+        "rss_growth_ok": rss["growth_pct"] < args.max_growth_pct,
+        "clean_shutdown": exit_code in (0, -signal.SIGTERM) and "Traceback" not in log_text,
+    }
+    report = {
+        "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "benchmarks/soak.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "models_dir": str(models_dir),
+        "server_env": {k: "***" if k == "API_KEY" else v for k, v in server_env.items()},
+        "probe": {"concurrency": args.probe_concurrency, "duration_s": args.probe_duration},
+        "saturation_rps": saturation,
+        "fraction": args.fraction if saturation else None,
+        "rate_rps": rate,
+        "duration_s": args.duration,
+        "endpoints": args.endpoints,
+        "warmup_s": warmup,
+        "max_growth_pct": args.max_growth_pct,
+        "rss": rss,
+        "checks": checks,
+        "passed": all(checks.values()),
+        "server_exit_code": exit_code,
+        "server_log": str(log_path),
+        "load": load,  # loadgen's report; its config masks the API key
+        "samples": samples,
+    }
+    write_report(report, args.out, args.name)
+    print(
+        f"{'PASS' if report['passed'] else 'FAIL'}: {load['requests']} requests, {load['errors']} errors, "
+        f"{load['dropped']} dropped; RSS {rss['baseline_mb']} -> {rss['final_mb']} MB "
+        f"({rss['growth_pct']:+}%); p99 {load['latency_ms']['p99']} ms; results: {args.out / args.name}.json"
+    )
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""bench_common: which checkpoint the baseline loads, line fits, bundle checks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from benchmarks import bench_common
+
+
+def test_auto_checkpoint_is_the_bundle_source(tiny_checkpoints, tiny_bundles):
+    path, how = bench_common.resolve_checkpoint(tiny_bundles["qa"], "auto", "qa")
+    assert path.resolve() == tiny_checkpoints["qa"].resolve() and how == "bundle source checkpoint"
+
+
+def test_given_checkpoint_must_be_a_checkpoint(tiny_bundles, tiny_checkpoints, tmp_path):
+    assert (
+        bench_common.resolve_checkpoint(tiny_bundles["qa"], str(tiny_checkpoints["qa"]), "qa")[1] == "given"
+    )
+    with pytest.raises(SystemExit, match="no config.json"):
+        bench_common.resolve_checkpoint(tiny_bundles["qa"], str(tmp_path), "qa")
+
+
+def test_missing_source_without_fallback_says_what_to_pass(tiny_bundles, tmp_path, monkeypatch):
+    bundle = shutil.copytree(tiny_bundles["qa"], tmp_path / "bundle")
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    manifest["name"] = "no-such-default"
+    manifest["model"]["source_checkpoint"] = str(tmp_path / "gone")
+    (bundle / "bundle.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(bench_common, "default_checkpoint", lambda task: tmp_path / "runs" / task / "best")
+    with pytest.raises(SystemExit, match="pass the checkpoint directory explicitly"):
+        bench_common.resolve_checkpoint(bundle, None, "qa", work=tmp_path / "work")
+
+
+def test_require_bundle_checks_presence_and_task(tiny_bundles, tmp_path):
+    assert bench_common.require_bundle(tiny_bundles["qa"], "qa") == tiny_bundles["qa"]
+    with pytest.raises(SystemExit, match="export.defaults"):
+        bench_common.require_bundle(tmp_path, "qa")
+    with pytest.raises(SystemExit, match="expected 'classify'"):
+        bench_common.require_bundle(tiny_bundles["qa"], "classify")
+
+
+def test_linear_fit_and_power_law():
+    fit = bench_common.linear_fit([1, 2, 3, 4], [5, 7, 9, 11])
+    assert fit["slope"] == pytest.approx(2) and fit["intercept"] == pytest.approx(3) and fit["r2"] == 1.0
+    assert bench_common.power_law_exponent([10, 100, 1000], [3, 300, 30000]) == pytest.approx(2)
+    assert bench_common.power_law_exponent([10, 100, 1000], [7, 70, 700]) == pytest.approx(1)
+    with pytest.raises(ValueError):
+        bench_common.linear_fit([1, 1], [2, 3])

@@ -1,0 +1,110 @@
+"""service_bench: targets, CPU accounting, model-only references, and a tiny run of both real servers."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from benchmarks import bench_common, service_bench
+from benchmarks.loadgen_payloads import make_payload
+from benchmarks.model_only import BundleModel, batched_reference, pack, single_request_reference
+
+
+def level(concurrency: int, rps: float, p50: float, mean: float) -> dict:
+    return {"concurrency": concurrency, "throughput_rps": rps, "latency_ms": {"p50": p50, "mean": mean}}
+
+
+def test_targets_from_hand_numbers():
+    entry = {
+        "servers": {"ours": {"levels": [level(1, 50.0, 12.0, 14.0), level(32, 180.0, 150.0, 160.0)]}},
+        "model_only": {
+            "single_request": {"p50_ms": 10.0, "mean_ms": 11.0},
+            "batched": {"requests_per_s": 190.0, "reference_batch_size": 32, "best_requests_per_s": 200.0},
+        },
+    }
+    t = service_bench.targets(entry)
+    c32 = t["c32_throughput_vs_model_batched"]
+    assert c32["fraction"] == round(180 / 190, 3) and c32["passed"]  # 0.947 >= 0.9
+    assert c32["fraction_of_best_batch_size"] == 0.9
+    assert t["c1_overhead_p50"]["allowed_ms"] == 12.0 and t["c1_overhead_p50"]["passed"]  # 1 + 1.1 * 10
+    assert t["c1_overhead_mean"]["allowed_ms"] == 13.1 and not t["c1_overhead_mean"]["passed"]  # 14 > 13.1
+    entry["servers"]["ours"]["levels"][1]["throughput_rps"] = 150.0
+    assert not service_bench.targets(entry)["c32_throughput_vs_model_batched"]["passed"]  # 0.79
+
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(60)"
+SPAWN = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {BURN!r}])"
+
+
+def test_tree_cpu_seconds_counts_children():
+    parent = subprocess.Popen([sys.executable, "-c", SPAWN])
+    try:
+        deadline = time.monotonic() + 20
+        while bench_common.tree_cpu_seconds(parent.pid) < 0.6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert bench_common.tree_cpu_seconds(parent.pid) >= 0.6
+        assert psutil.Process(parent.pid).cpu_times().user < 0.5  # the time is the child's, not the parent's
+    finally:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+        parent.wait()
+
+
+def test_pack_respects_size_and_token_limits():
+    lengths = [5, 7, 9, 30, 31, 40, 64, 64, 100]
+    batches = pack([[0] * n for n in lengths], size=3, tokens=128)
+    assert [len(x) for b in batches for x in b] == lengths  # order kept, nothing lost
+    for batch in batches:
+        assert len(batch) <= 3
+        assert len(batch) == 1 or max(map(len, batch)) * len(batch) <= 128
+
+
+def test_model_only_references_on_a_tiny_bundle(tiny_bundles):
+    rng = random.Random(0)
+    model = BundleModel(tiny_bundles["qa"], "fp32", threads=1)
+    payloads = [make_payload("qa", rng) for _ in range(4)]
+    # The references feed the model what the service would: the same QA windows.
+    for payload in payloads:
+        _, windows = model.answer(payload["question"], payload["context"])
+        assert len(model.encodings(payload)) == windows >= 1
+    single = single_request_reference(model, payloads, seconds=0.05)
+    assert single["runs"] >= 4 and 0 < single["p50_ms"] <= single["p99_ms"]
+    batched = batched_reference(model, payloads, seconds=0.05, sizes=(1, 4))
+    assert batched["reference_batch_size"] == 4 and set(batched["by_batch_size"]) == {1, 4}
+    assert batched["requests_per_s"] == batched["by_batch_size"][4]["requests_per_s"] > 0
+    assert batched["sequences_per_request"] >= 1
+    with pytest.raises(ValueError, match="no 'fp16' variant"):
+        BundleModel(tiny_bundles["qa"], "fp16")
+
+
+def test_both_real_servers_under_load(tiny_checkpoints, tiny_bundles, tmp_path):
+    out = tmp_path / "results"
+    code = service_bench.main([
+        "--quick", "--endpoints", "classify", "--concurrency", "1,2", "--duration", "0.5", "--warmup", "0.2",
+        "--model-seconds", "0.1", "--threads", "1", "--classify-bundle", str(tiny_bundles["classify"]),
+        "--classify-checkpoint", str(tiny_checkpoints["classify"]), "--work-dir", str(tmp_path / "work"),
+        "--out", str(out), "--ready-timeout", "60",
+    ])  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "service_quick.json").read_text())
+    entry = report["endpoints"]["classify"]
+    assert set(entry["servers"]) == {"ours", "pipeline"}
+    assert entry["servers"]["ours"]["models"]  # our /models answered: the real app served it
+    for server in entry["servers"].values():
+        assert [r["concurrency"] for r in server["levels"]] == [1, 2]
+        for row in server["levels"]:
+            assert row["ok"] > 0 and row["errors"] == 0 and row["schema_errors"] == 0
+            assert row["cpu_seconds_per_1000_requests"] > 0
+            assert row["latency_ms"]["p50"] <= row["latency_ms"]["p99"]
+    assert entry["model_only"]["single_request"]["p50_ms"] > 0
+    assert set(entry["targets"]) == {"c1_overhead_p50", "c1_overhead_mean"}  # no c=32 level in this run
+    assert report["machine"]["versions"]["fastapi"]
+    assert (out / "service_quick.png").stat().st_size > 1000
+    assert "| pipeline | 2 |" in (out / "service_quick.md").read_text()

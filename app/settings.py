@@ -21,7 +21,7 @@ class Settings(BaseSettings):
     intra_op_threads: int = Field(0, ge=0, description="ORT threads per session; 0 = cores / sessions")
     max_batch_size: int = Field(32, ge=1)
     max_batch_tokens: int = Field(8192, ge=1, description="Padded tokens per batch: longest x rows")
-    max_wait_ms: float = Field(5.0, ge=0)
+    max_wait_ms: float = Field(0.0, ge=0, description="0 = continuous batching (no wait)")
     max_queue: int = Field(512, ge=1, description="Queued work items per model before 429")
     max_in_flight: int = Field(
         128, ge=1, description="Requests per task endpoint being served at once before 429"

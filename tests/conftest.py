@@ -11,6 +11,16 @@ import pytest
 from tests.helpers.tiny import make_tiny_checkpoint
 
 TASKS = ("classify", "ner", "multiple-choice", "qa")
+
+
+def pytest_configure(config) -> None:
+    """One torch thread: tiny models gain nothing from more, and two threads on a busy
+    2-core machine spin against each other (measured 20x slower)."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
 MAX_SEQ_LEN = 64  # short windows: long-input tests stay small
 
 

@@ -1,0 +1,38 @@
+"""export.defaults: cached bundles are reused only while their sources are unchanged."""
+
+from __future__ import annotations
+
+from export import defaults
+
+
+def test_fingerprint_follows_sources_and_variants(tmp_path):
+    compact = tmp_path / "compact"
+    compact.mkdir()
+    (compact / "delta.safetensors").write_bytes(b"abc")
+    first = defaults.fingerprint(compact, ["fp32", "int8"])
+    assert defaults.fingerprint(compact, ["int8", "fp32"]) == first
+    assert defaults.fingerprint(compact, ["fp32"]) != first
+    (compact / "delta.safetensors").write_bytes(b"abd")
+    assert defaults.fingerprint(compact, ["fp32", "int8"]) != first
+
+
+def test_bundle_is_current_only_with_matching_stamp(tmp_path):
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    assert not defaults.is_current(bundle, "x")
+    (bundle / "bundle.json").write_text("{}")
+    (bundle / defaults.STAMP).write_text("x\n")
+    assert defaults.is_current(bundle, "x")
+    assert not defaults.is_current(bundle, "y")
+
+
+def test_committed_defaults_cover_four_tasks_within_budget():
+    import json
+
+    index = json.loads((defaults.DEFAULTS_DIR / defaults.INDEX).read_text())
+    tasks = {spec["task"] for spec in index["models"].values()}
+    assert tasks == {"classify", "ner", "multiple-choice", "qa"}
+    total = sum(
+        p.stat().st_size for name in index["models"] for p in (defaults.DEFAULTS_DIR / name).iterdir()
+    )
+    assert total <= 25_000_000, f"compact defaults take {total / 1e6:.1f} MB"

@@ -116,6 +116,7 @@ class Batcher:
         max_batch_tokens: int = 8192,
         max_wait_ms: float = 5.0,
         max_queue: int = 512,
+        max_padding_factor: float = 0.0,
         observer: BatchObserver | None = None,
         name: str = "model",
     ):
@@ -127,6 +128,9 @@ class Batcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
+        # Padded tokens may be at most this multiple of real tokens (0 = no limit): on a CPU,
+        # padding costs as much as real work, so a long item does not drag short ones along.
+        self.max_padding_factor = max_padding_factor
         self.observer = observer or _NullObserver()
         self.name = name
         self._queue: list[WorkItem] = []
@@ -215,16 +219,22 @@ class Batcher:
         # Closest lengths first: least padding; ties go to the oldest.
         candidates.sort(key=lambda it: (abs(it.length - anchor.length), it.enqueued_at))
         selected, longest, rows, full = [anchor], anchor.length, anchor.rows, False
+        real = anchor.length * anchor.rows
         for item in candidates:
             if len(selected) >= self.max_batch_size:
                 full = True
                 break
             new_longest = max(longest, item.length)
-            if new_longest * (rows + item.rows) > self.max_batch_tokens:
+            padded = new_longest * (rows + item.rows)
+            if padded > self.max_batch_tokens:
                 full = True  # a shorter item further down may still fit
                 continue
+            if self.max_padding_factor and padded > self.max_padding_factor * (
+                real + item.length * item.rows
+            ):
+                continue  # too different in length: it anchors a batch of its own later
             selected.append(item)
-            longest, rows = new_longest, rows + item.rows
+            longest, rows, real = new_longest, rows + item.rows, real + item.length * item.rows
         return selected, full or len(selected) >= self.max_batch_size
 
     async def _loop(self) -> None:

@@ -173,6 +173,7 @@ class Registry:
                     max_batch_tokens=self.settings.max_batch_tokens,
                     max_wait_ms=self.settings.max_wait_ms,
                     max_queue=self.settings.max_queue,
+                    max_padding_factor=self.settings.max_padding_factor,
                     observer=self.metrics.observer(bundle.task),
                     name=bundle.name,
                 )

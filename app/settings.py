@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     intra_op_threads: int = Field(0, ge=0, description="ORT threads per session; 0 = cores / sessions")
     max_batch_size: int = Field(32, ge=1)
     max_batch_tokens: int = Field(8192, ge=1, description="Padded tokens per batch: longest x rows")
+    max_padding_factor: float = Field(
+        1.5, ge=0, description="A batch's padded tokens at most this multiple of its real tokens; 0 = off"
+    )
     max_wait_ms: float = Field(0.0, ge=0, description="0 = continuous batching (no wait)")
     max_queue: int = Field(512, ge=1, description="Queued work items per model before 429")
     max_in_flight: int = Field(

@@ -106,6 +106,26 @@ async def test_token_budget_counts_padding():
     await batcher.stop()
 
 
+async def test_padding_factor_keeps_long_items_apart():
+    runtime = FakeRuntime()
+    batcher = await started(runtime, max_wait_ms=50, max_padding_factor=1.5)
+    # Six 10-token items and one 100-token item: together they would pad 7 x 100 = 700 tokens
+    # for 160 real ones, so the long one runs on its own.
+    futures = batcher.submit([item(n + 1, 10) for n in range(6)] + [item(9, 100)])
+    await asyncio.gather(*futures)
+    assert sorted(runtime.shapes) == [(1, 100), (6, 10)]
+    await batcher.stop()
+
+
+async def test_without_padding_factor_lengths_mix():
+    runtime = FakeRuntime()
+    batcher = await started(runtime, max_wait_ms=50, max_padding_factor=0)
+    futures = batcher.submit([item(n + 1, 10) for n in range(6)] + [item(9, 100)])
+    await asyncio.gather(*futures)
+    assert runtime.shapes == [(7, 100)]
+    await batcher.stop()
+
+
 async def test_rows_count_towards_token_budget():
     """A [choices, seq] item costs choices x seq tokens."""
     runtime = FakeRuntime()

@@ -30,8 +30,7 @@ from finetune import recipes  # noqa: E402
 
 from export.bundle import load_bundle_manifest  # noqa: E402
 from model.bert import HeadOutput  # noqa: E402
-from model.features import TASKS, FeatureOptions  # noqa: E402
-from model.train import build_parser, prepare_data  # noqa: E402
+from model.train import build_parser, make_task, prepare_data  # noqa: E402
 from model.trainer import TrainConfig, Trainer  # noqa: E402
 from processing.tokenizer import TextTokenizer  # noqa: E402
 
@@ -67,11 +66,7 @@ def evaluate_variant(bundle: Path, variant: str, recipe: dict, threads: int) -> 
     codes = {name: code for code, name in recipe.get("label_names", {}).items()}
     labels = [codes.get(label, label) for label in manifest.labels] if manifest.labels else None
     tokenizer = TextTokenizer.from_dir(bundle)
-    overlap = min(32, (args.max_seq_len - 2) // 4)
-    options = FeatureOptions(
-        args.max_seq_len, args.doc_stride, args.max_query_len, args.max_answer_len, args.long_text, overlap
-    )
-    task = TASKS[args.task](tokenizer, options)
+    task = make_task(args, tokenizer)
     with tempfile.TemporaryDirectory() as tmp:
         # prepare_data reads labels from a config.json; give it the bundle's.
         config = BertConfig(task=manifest.task)

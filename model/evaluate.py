@@ -21,8 +21,7 @@ import torch
 from processing.tokenizer import TextTokenizer
 
 from .bert import TASK_HEADS
-from .features import TASKS, FeatureOptions
-from .train import build_parser, prepare_data
+from .train import build_parser, make_task, prepare_data
 from .trainer import TrainConfig, Trainer
 
 
@@ -31,11 +30,7 @@ def evaluate_checkpoint(checkpoint: Path, train_argv: list[str], eval_batch_size
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     tokenizer = TextTokenizer.from_dir(checkpoint)
-    overlap = args.window_overlap if args.window_overlap is not None else min(32, (args.max_seq_len - 2) // 4)
-    options = FeatureOptions(
-        args.max_seq_len, args.doc_stride, args.max_query_len, args.max_answer_len, args.long_text, overlap
-    )
-    task = TASKS[args.task](tokenizer, options)
+    task = make_task(args, tokenizer)
     train, valid = prepare_data(args, task, checkpoint, None)
     if valid is None:
         raise SystemExit("no validation data: pass --validation or --validation-fraction")

@@ -150,6 +150,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def make_task(args, tokenizer: TextTokenizer) -> Task:
+    """The task's feature builder with this run's preprocessing options."""
+    options = FeatureOptions(
+        args.max_seq_len,
+        args.doc_stride,
+        args.max_query_len,
+        args.max_answer_len,
+        args.long_text,
+        args.window_overlap,
+    )
+    return TASKS[args.task](tokenizer, options)
+
+
 def load_examples(args, path: Path, limit: int | None) -> list:
     options = {}
     if args.task == "classify":
@@ -271,15 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = TextTokenizer.from_dir(base_dir)
     if tokenizer.vocab_size < 1:
         raise SystemExit(f"{base_dir}: empty tokenizer")
-    options = FeatureOptions(
-        args.max_seq_len,
-        args.doc_stride,
-        args.max_query_len,
-        args.max_answer_len,
-        args.long_text,
-        args.window_overlap,
-    )
-    task = TASKS[args.task](tokenizer, options)
+    task = make_task(args, tokenizer)
     given = [s.strip() for s in args.labels.split(",")] if args.labels else None
     train, valid = prepare_data(args, task, base_dir, given)
 

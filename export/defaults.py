@@ -35,15 +35,11 @@ def attach_task_data_measurement(bundle_dir: Path, name: str) -> None:
     measured = json.loads(INT8_RESULTS.read_text(encoding="utf-8")).get(name)
     if measured is None:
         return
-    manifest_path = bundle_dir / "bundle.json"
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    manifest.setdefault("quantization", {})["task_data"] = {
-        **measured,
-        "source": str(INT8_RESULTS.relative_to(REPO)),
-    }
-    tmp = manifest_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(manifest_path)
+    from .bundle import load_bundle_manifest, write_manifest
+
+    manifest = load_bundle_manifest(bundle_dir)
+    manifest.quantization["task_data"] = {**measured, "source": str(INT8_RESULTS.relative_to(REPO))}
+    write_manifest(bundle_dir, manifest)
 
 
 def fingerprint(compact_dir: Path, variants: list[str]) -> str:

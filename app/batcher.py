@@ -5,8 +5,8 @@ their futures. One worker coroutine per model collects items into batches under 
 limits: `max_batch_size` items, `max_batch_tokens` padded tokens (longest x rows, since
 padding costs as much compute as real tokens), and `max_wait_ms` from the oldest item's
 arrival. The oldest item anchors every batch (no starvation); the rest are picked by
-closeness in length to cut padding. Inference runs in a dedicated thread so the event
-loop never blocks, one batch at a time per model.
+closeness in length to cut padding. Inference runs in dedicated threads so the event
+loop never blocks: up to `concurrency` batches at once per model (one per model instance).
 """
 
 from __future__ import annotations
@@ -119,9 +119,12 @@ class Batcher:
         max_padding_factor: float = 0.0,
         observer: BatchObserver | None = None,
         name: str = "model",
+        concurrency: int = 1,
     ):
         if max_batch_size < 1 or max_batch_tokens < 1 or max_queue < 1 or max_wait_ms < 0:
             raise ValueError("batch size, token budget and queue must be positive, max wait >= 0")
+        if concurrency < 1:
+            raise ValueError("concurrency (batches in flight) must be at least 1")
         self.runtime = runtime
         self.collate = collate
         self.max_batch_size = max_batch_size
@@ -138,7 +141,10 @@ class Batcher:
         self._worker: asyncio.Task | None = None
         self._closing = False
         self._batch_ids = itertools.count(1)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
+        # The runtime must take `concurrency` runs at once (app.runtime.RuntimePool does).
+        self.concurrency = concurrency
+        self._in_flight: set[asyncio.Task] = set()
+        self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"infer-{name}")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -240,26 +246,39 @@ class Batcher:
     async def _loop(self) -> None:
         assert self._wake is not None
         loop = asyncio.get_running_loop()
-        while True:
-            self._purge_cancelled()
-            if not self._queue:
-                if self._closing:
-                    return
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            selected, full = self.plan()
-            if not full and not self._closing:
-                delay = self._queue[0].enqueued_at + self.max_wait_s - loop.time()
-                if delay > 0:
+        try:
+            while True:
+                self._purge_cancelled()
+                if not self._queue or len(self._in_flight) >= self.concurrency:
+                    if not self._queue and self._closing:
+                        return
+                    # Woken by a submission or by a batch finishing (a free instance).
                     self._wake.clear()
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), delay)
+                    await self._wake.wait()
                     continue
-            taken = {id(it) for it in selected}
-            self._queue = [it for it in self._queue if id(it) not in taken]
-            self.observer.on_queue_depth(len(self._queue))
-            await self._run_batch(selected, loop)
+                selected, full = self.plan()
+                if not full and not self._closing:
+                    delay = self._queue[0].enqueued_at + self.max_wait_s - loop.time()
+                    if delay > 0:
+                        self._wake.clear()
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(self._wake.wait(), delay)
+                        continue
+                taken = {id(it) for it in selected}
+                self._queue = [it for it in self._queue if id(it) not in taken]
+                self.observer.on_queue_depth(len(self._queue))
+                task = loop.create_task(self._run_batch(selected, loop))
+                self._in_flight.add(task)
+                task.add_done_callback(self._batch_done)
+        finally:
+            # Draining or cancelled: batches already running finish and answer their callers.
+            if self._in_flight:
+                await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+    def _batch_done(self, task: asyncio.Task) -> None:
+        self._in_flight.discard(task)
+        if self._wake is not None:
+            self._wake.set()
 
     async def _run_batch(self, items: list[WorkItem], loop: asyncio.AbstractEventLoop) -> None:
         batch_id = next(self._batch_ids)

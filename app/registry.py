@@ -26,13 +26,14 @@ from .batcher import Batcher
 from .errors import ApiError
 from .metrics import Metrics
 from .runtime import (
-    OrtRuntime,
     RuntimeConfigError,
+    RuntimePool,
     SessionTuning,
     available_providers,
     choose_variant,
     create_runtime,
     resolve_device,
+    resolve_instances,
     session_threads,
 )
 from .settings import TASK_NAMES, Settings, available_cores
@@ -55,7 +56,8 @@ class Bundle:
     device: str | None = None
     threads: int | None = None
     tokenizer: TextTokenizer | None = None
-    runtime: OrtRuntime | None = None
+    runtime: RuntimePool | None = None
+    instances: int | None = None
     batcher: Batcher | None = None
     service: Any = None
     load_seconds: float | None = None
@@ -158,13 +160,16 @@ class Registry:
         """Load, verify and warm every selected bundle; a failure only takes that bundle out."""
         selected = self.selected
         cores = available_cores()
-        threads = session_threads(self.settings.intra_op_threads, len(selected), cores)
-        spinning = len(selected) == 1
+        assert self.device is not None
+        instances = resolve_instances(self.settings.model_instances, self.device, len(selected), cores)
+        sessions = len(selected) * instances
+        threads = session_threads(self.settings.intra_op_threads, sessions, cores)
+        spinning = {"on": True, "off": False}.get(self.settings.ort_spinning, sessions == 1)
         for bundle in selected:
             bundle.status = "loading"
             started = time.perf_counter()
             try:
-                await asyncio.to_thread(self._load, bundle, threads, spinning)
+                await asyncio.to_thread(self._load, bundle, threads, instances, spinning)
                 assert bundle.runtime is not None and bundle.task is not None and bundle.tokenizer is not None
                 bundle.batcher = Batcher(
                     bundle.runtime,
@@ -176,6 +181,7 @@ class Registry:
                     max_padding_factor=self.settings.max_padding_factor,
                     observer=self.metrics.observer(bundle.task),
                     name=bundle.name,
+                    concurrency=instances,
                 )
                 bundle.batcher.start()
                 bundle.service = self.service_factory(bundle, self.settings)
@@ -193,12 +199,13 @@ class Registry:
                     "variant": bundle.variant,
                     "provider": bundle.runtime.provider if bundle.runtime else None,
                     "threads": threads,
+                    "instances": instances,
                     "load_seconds": bundle.load_seconds,
                 },
             )
         self.load_finished = True
 
-    def _load(self, bundle: Bundle, threads: int, spinning: bool) -> None:
+    def _load(self, bundle: Bundle, threads: int, instances: int, spinning: bool) -> None:
         manifest = bundle.manifest
         assert manifest is not None and self.device is not None
         bundle.device = self.device
@@ -211,11 +218,15 @@ class Registry:
             spinning=spinning,
             mem_pattern=self.settings.ort_mem_pattern,
             cpu_arena=self.settings.ort_cpu_arena,
-            arena_shrinkage=self.settings.ort_arena_shrinkage,
+            # Shrinking applies to the arena only: without one ORT refuses the run option.
+            arena_shrinkage=self.settings.ort_arena_shrinkage and self.settings.ort_cpu_arena,
+            shrink_above_tokens=self.settings.ort_shrink_above_tokens,
         )
-        bundle.runtime = create_runtime(
-            manifest.variant_path(bundle.path, bundle.variant), self.device, threads, tuning
+        path = manifest.variant_path(bundle.path, bundle.variant)
+        bundle.runtime = RuntimePool(
+            [create_runtime(path, self.device, threads, tuning) for _ in range(instances)]
         )
+        bundle.instances = instances
         self._warm_up(bundle)
 
     def _warm_up(self, bundle: Bundle) -> None:

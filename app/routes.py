@@ -205,6 +205,7 @@ async def models(request: Request) -> ModelsResponse:
                 execution_provider=runtime.provider if runtime else None,
                 providers=runtime.providers if runtime else [],
                 intra_op_threads=bundle.threads,
+                instances=bundle.instances,
                 max_seq_len=manifest.max_seq_len if manifest else None,
                 qa_defaults=manifest.qa_defaults if manifest and manifest.task == "qa" else None,
                 limits=limits,

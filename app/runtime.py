@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import queue
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -79,6 +80,16 @@ def session_threads(configured: int, n_sessions: int, cores: int) -> int:
     return max(1, cores // max(1, n_sessions))
 
 
+def resolve_instances(configured: int, device: str, n_models: int, cores: int) -> int:
+    """MODEL_INSTANCES, or with 0 (auto): on a CPU one single-threaded session per core the
+    models leave free, so batches run side by side; one instance on a GPU (it batches itself)."""
+    if configured > 0:
+        return configured
+    if device == "cuda":
+        return 1
+    return max(1, cores // max(1, n_models))
+
+
 def check_providers(active: list[str], device: str, model_path: Path | str) -> None:
     """ORT drops the CUDA provider with only a warning when its libraries fail to load: refuse that."""
     if device == "cuda" and CUDA_EP not in active:
@@ -100,17 +111,29 @@ class SessionTuning:
     spinning: bool = True  # idle intra-op threads spin; off when several sessions share the cores
     mem_pattern: bool = True
     cpu_arena: bool = True
-    arena_shrinkage: bool = False  # give the arena's free chunks back after every run
+    arena_shrinkage: bool = False  # give the arena's free chunks back after large runs
+    # Shrink only after runs with more padded tokens than this (0 = after every run). Small
+    # batches then reuse the arena's pages instead of faulting fresh ones in on every run, while
+    # a rare large batch still hands its peak back.
+    shrink_above_tokens: int = 0
 
 
 class OrtRuntime:
     """`run(inputs) -> outputs` over one InferenceSession; float32 outputs whatever the variant."""
 
-    def __init__(self, session: Any, device: str, io_binding: bool | None = None, run_options: Any = None):
+    def __init__(
+        self,
+        session: Any,
+        device: str,
+        io_binding: bool | None = None,
+        run_options: Any = None,
+        run_options_above_tokens: int = 0,
+    ):
         self.session = session
         self.device = device
         self.io_binding = device == "cuda" if io_binding is None else io_binding
         self.run_options = run_options
+        self.run_options_above_tokens = run_options_above_tokens  # runs this small go without them
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
         self.providers = list(session.get_providers())
@@ -124,15 +147,18 @@ class OrtRuntime:
         if missing:
             raise ValueError(f"model inputs {missing} were not provided")
         feed = {n: np.ascontiguousarray(inputs[n], dtype=np.int64) for n in self.input_names}
+        options = self.run_options
+        if options is not None and feed[self.input_names[0]].size <= self.run_options_above_tokens:
+            options = None
         if self.io_binding:
-            values = self._run_bound(feed)
-        elif self.run_options is not None:
-            values = self.session.run(self.output_names, feed, self.run_options)
+            values = self._run_bound(feed, options)
+        elif options is not None:
+            values = self.session.run(self.output_names, feed, options)
         else:
             values = self.session.run(self.output_names, feed)
         return {n: np.asarray(v, dtype=np.float32) for n, v in zip(self.output_names, values, strict=True)}
 
-    def _run_bound(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def _run_bound(self, feed: dict[str, np.ndarray], options: Any) -> list[np.ndarray]:
         # Inputs are copied to the device once; outputs stay there until the final copy back,
         # instead of ORT staging every tensor through pageable host memory per run.
         binding = self.session.io_binding()
@@ -141,12 +167,49 @@ class OrtRuntime:
         for name in self.output_names:
             binding.bind_output(name, "cuda")
         binding.synchronize_inputs()
-        if self.run_options is not None:
-            self.session.run_with_iobinding(binding, self.run_options)
+        if options is not None:
+            self.session.run_with_iobinding(binding, options)
         else:
             self.session.run_with_iobinding(binding)
         binding.synchronize_outputs()
         return binding.copy_outputs_to_cpu()
+
+
+class RuntimePool:
+    """Several sessions of one model: `run` takes whichever is free (thread-safe).
+
+    The batcher runs up to `instances` batches at once, like Triton's instance count. On a CPU,
+    two single-threaded sessions side by side outrun one two-threaded session, whose threads
+    meet at a barrier after every operator and stall whenever the OS lends one core to the
+    HTTP thread.
+    """
+
+    def __init__(self, runtimes: list[OrtRuntime]):
+        if not runtimes:
+            raise ValueError("a runtime pool needs at least one runtime")
+        self.runtimes = runtimes
+        self._free: queue.SimpleQueue[OrtRuntime] = queue.SimpleQueue()
+        for runtime in runtimes:
+            self._free.put(runtime)
+
+    @property
+    def instances(self) -> int:
+        return len(self.runtimes)
+
+    @property
+    def provider(self) -> str:
+        return self.runtimes[0].provider
+
+    @property
+    def providers(self) -> list[str]:
+        return self.runtimes[0].providers
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        runtime = self._free.get()
+        try:
+            return runtime.run(inputs)
+        finally:
+            self._free.put(runtime)
 
 
 def session_options(threads: int, tuning: SessionTuning = SessionTuning()) -> Any:
@@ -194,7 +257,9 @@ def create_runtime(
         str(model_path), sess_options=session_options(threads, tuning), providers=providers_for(device)
     )
     check_providers(list(session.get_providers()), device, model_path)
-    return OrtRuntime(session, device, run_options=run_options(tuning))
+    return OrtRuntime(
+        session, device, run_options=run_options(tuning), run_options_above_tokens=tuning.shrink_above_tokens
+    )
 
 
 M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's malloc.h

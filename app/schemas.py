@@ -263,6 +263,7 @@ class ModelInfo(BaseModel):
     execution_provider: str | None = None
     providers: list[str] = Field(default_factory=list)
     intra_op_threads: int | None = None
+    instances: int | None = None
     max_seq_len: int | None = None
     qa_defaults: dict[str, int] | None = None
     limits: dict[str, int | float | str] = Field(default_factory=dict)

@@ -19,6 +19,9 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cpu_variant: Literal["int8", "fused", "fp32"] = "int8"
     intra_op_threads: int = Field(0, ge=0, description="ORT threads per session; 0 = cores / sessions")
+    model_instances: int = Field(
+        0, ge=0, description="Sessions per model running batches side by side; 0 = auto (see app/runtime.py)"
+    )
     max_batch_size: int = Field(32, ge=1)
     max_batch_tokens: int = Field(8192, ge=1, description="Padded tokens per batch: longest x rows")
     max_padding_factor: float = Field(
@@ -41,9 +44,15 @@ class Settings(BaseSettings):
     default_bundles: str = ""
     classify_long_text: Literal["truncate", "windows"] = "truncate"
     # Request shapes vary per batch: see SessionTuning in app/runtime.py and benchmarks/ort_memory.py.
+    ort_spinning: Literal["auto", "on", "off"] = Field(
+        "auto", description="Idle ORT threads spin-wait; auto = on only when one model has the cores"
+    )
     ort_mem_pattern: bool = Field(False, description="ORT memory-pattern planning (for fixed shapes)")
     ort_cpu_arena: bool = Field(True, description="ORT's CPU memory arena")
-    ort_arena_shrinkage: bool = Field(True, description="Return the arena's free memory after every run")
+    ort_arena_shrinkage: bool = Field(True, description="Return the arena's free memory after large runs")
+    ort_shrink_above_tokens: int = Field(
+        1024, ge=0, description="Large = more padded tokens than this in the batch; 0 = every run"
+    )
     malloc_mmap_threshold: int = Field(
         131072, ge=0, description="glibc: allocations this large or larger use mmap; 0 = glibc's own"
     )

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import rawhttp  # noqa: E402
 from benchmarks.loadgen_payloads import ENDPOINTS, make_payload, validate_response  # noqa: E402
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class LoadConfig:
     api_key: str | None = None
     allow_remote: bool = False
     check_schema: bool = True
+    client: str = "raw"  # "raw" (benchmarks/rawhttp.py, lean) or "httpx"
 
     def validate(self) -> None:
         check_target(self.url, self.allow_remote)
@@ -103,6 +105,10 @@ class LoadConfig:
             raise ValueError("--max-requests must be >= 1")
         if self.concurrency < 1:
             raise ValueError("--concurrency must be >= 1")
+        if self.client not in ("raw", "httpx"):
+            raise ValueError(f"--client must be raw or httpx, got {self.client!r}")
+        if self.client == "raw" and not self.url.startswith("http://"):
+            raise ValueError("the raw client speaks plain http; use --client httpx for https")
         unknown = set(self.endpoints) - set(ENDPOINTS)
         if unknown:
             raise ValueError(f"unknown endpoints {sorted(unknown)}")
@@ -165,39 +171,91 @@ def build_report(config: LoadConfig, samples: list[Sample], elapsed_s: float, dr
     }
 
 
+class _HttpxSender:
+    """httpx: used by the tests (in-process transports) and with --client httpx."""
+
+    def __init__(self, client: httpx.AsyncClient, headers: dict[str, str]):
+        self.client, self.headers = client, headers
+
+    async def send(self, path: str, body: bytes, request_id: str) -> tuple[str, bytes]:
+        import httpx
+
+        headers = {**self.headers, "X-Request-ID": request_id, "Content-Type": "application/json"}
+        try:
+            response = await self.client.post(path, content=body, headers=headers)
+        except httpx.TimeoutException:
+            return "timeout", b""
+        except httpx.HTTPError:
+            return "connection_error", b""
+        return str(response.status_code), response.content
+
+
+class _RawSender:
+    """benchmarks/rawhttp.py: one keep-alive connection per in-flight request, pre-encoded bytes."""
+
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
+        self.host, self.port = rawhttp.host_port(url)
+        self.timeout_s, self.headers = timeout_s, headers
+        self.idle: list[rawhttp.Connection] = []
+        self.encoded: dict[int, bytes] = {}
+
+    async def send(self, path: str, body: bytes, request_id: str) -> tuple[str, bytes]:
+        raw = self.encoded.get(id(body))
+        if raw is None:  # pool payloads are encoded once: no per-request Python beyond the socket
+            raw = self.encoded[id(body)] = rawhttp.encode_request(
+                "POST", f"{self.host}:{self.port}", path, body, self.headers
+            )
+        connection = (
+            self.idle.pop() if self.idle else rawhttp.Connection(self.host, self.port, self.timeout_s)
+        )
+        try:
+            response = await connection.request(raw)
+        except asyncio.TimeoutError:
+            return "timeout", b""
+        except rawhttp.HTTPError:
+            return "connection_error", b""
+        self.idle.append(connection)
+        return str(response.status), response.body
+
+    async def close(self) -> None:
+        for connection in self.idle:
+            await connection.close()
+
+
 class _Runner:
-    def __init__(self, config: LoadConfig, client: httpx.AsyncClient):
-        self.config, self.client = config, client
+    """Issues requests and records samples. Responses are kept and checked against the schema
+    after the clock stops, so parsing them costs the measured server no CPU."""
+
+    def __init__(self, config: LoadConfig, sender: _HttpxSender | _RawSender):
+        self.config, self.sender = config, sender
         self.rng = rng = random.Random(config.seed)
         self.names = [n for n, w in config.endpoints.items() if w > 0]
         self.weights = [config.endpoints[n] for n in self.names]
         self.pools = {n: [make_payload(n, rng) for _ in range(POOL_SIZE)] for n in self.names}
-        self.headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self.bodies = {n: [json.dumps(p).encode() for p in pool] for n, pool in self.pools.items()}
         self.samples: list[Sample] = []
+        self.to_check: list[tuple[Sample, str, dict[str, Any], bytes]] = []
         self.issued = 0
 
     async def one(self, due: float) -> None:
-        import httpx
-
         endpoint = self.rng.choices(self.names, self.weights)[0]
-        payload = self.rng.choice(self.pools[endpoint])
+        index = self.rng.randrange(POOL_SIZE)
+        payload, body = self.pools[endpoint][index], self.bodies[endpoint][index]
         self.issued += 1
-        headers = {**self.headers, "X-Request-ID": f"loadgen-{self.config.seed}-{self.issued}"}
-        schema_error = None
-        try:
-            response = await self.client.post(ENDPOINTS[endpoint], json=payload, headers=headers)
-            status = str(response.status_code)
-            if response.is_success and self.config.check_schema:
-                try:
-                    schema_error = validate_response(endpoint, payload, response.json())
-                except json.JSONDecodeError:
-                    schema_error = "response is not JSON"
-        except httpx.TimeoutException:
-            status = "timeout"
-        except httpx.HTTPError:
-            status = "connection_error"
-        loop = asyncio.get_running_loop()
-        self.samples.append(Sample(endpoint, status, loop.time() - due, schema_error))
+        request_id = f"loadgen-{self.config.seed}-{self.issued}"
+        status, content = await self.sender.send(ENDPOINTS[endpoint], body, request_id)
+        sample = Sample(endpoint, status, asyncio.get_running_loop().time() - due)
+        self.samples.append(sample)
+        if self.config.check_schema and status.startswith("2"):
+            self.to_check.append((sample, endpoint, payload, content))
+
+    def check_schemas(self) -> None:
+        for sample, endpoint, payload, content in self.to_check:
+            try:
+                sample.schema_error = validate_response(endpoint, payload, json.loads(content))
+            except json.JSONDecodeError:
+                sample.schema_error = "response is not JSON"
+        self.to_check.clear()
 
     def more(self, started: float, now: float) -> bool:
         cfg = self.config
@@ -243,18 +301,30 @@ class _Runner:
 
 
 async def run_load(config: LoadConfig, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
-    """Run one load test and return the report; `transport` lets tests run it in-process."""
+    """Run one load test and return the report; `transport` lets tests run it in-process (httpx)."""
+    config.validate()
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    if transport is None and config.client == "raw":
+        sender = _RawSender(config.url, config.timeout_s, headers)
+        try:
+            return await _measure(config, sender)
+        finally:
+            await sender.close()
     import httpx
 
-    config.validate()
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
     async with httpx.AsyncClient(
         base_url=config.url, timeout=config.timeout_s, limits=limits, transport=transport
     ) as client:
-        runner = _Runner(config, client)
-        started = time.perf_counter()
-        dropped = await (runner.open_loop() if config.rate else runner.closed_loop())
-        elapsed = time.perf_counter() - started
+        return await _measure(config, _HttpxSender(client, headers))
+
+
+async def _measure(config: LoadConfig, sender: _HttpxSender | _RawSender) -> dict[str, Any]:
+    runner = _Runner(config, sender)
+    started = time.perf_counter()
+    dropped = await (runner.open_loop() if config.rate else runner.closed_loop())
+    elapsed = time.perf_counter() - started
+    runner.check_schemas()
     return build_report(config, runner.samples, elapsed, dropped)
 
 
@@ -307,6 +377,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[LoadConfig, argparse.Name
     p.add_argument("--api-key", help="sent as a Bearer token")
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --url")
     p.add_argument("--no-schema-check", action="store_true")
+    p.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="raw: pre-encoded HTTP/1.1 over asyncio streams, little client CPU; httpx: full client (https)",
+    )
     p.add_argument("--wait-ready", type=float, default=0.0, help="first wait up to N s for GET /ready")
     p.add_argument("--out", type=Path, help="write the JSON report here")
     args = p.parse_args(argv)
@@ -323,6 +399,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[LoadConfig, argparse.Name
             api_key=args.api_key,
             allow_remote=args.allow_remote,
             check_schema=not args.no_schema_check,
+            client=args.client,
         )
         config.validate()
         if args.sweep and args.rate:

@@ -30,6 +30,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.settings import available_cores  # noqa: E402
 from benchmarks import bench_common as common  # noqa: E402
 from benchmarks import loadgen  # noqa: E402
 from benchmarks.loadgen_payloads import make_payload  # noqa: E402
@@ -60,6 +61,7 @@ def our_server(bundle: Path, port: int, args: argparse.Namespace, models_dir: Pa
         "CPU_VARIANT": args.cpu_variant,
         "DEVICE": "cpu",
         "INTRA_OP_THREADS": str(args.threads),
+        "MODEL_INSTANCES": str(args.instances),
         **args.server_env,
     }
     return command, env
@@ -129,35 +131,54 @@ def load_levels(url: str, pid: int, endpoint: str, args: argparse.Namespace) -> 
     return rows
 
 
-def model_only(bundle: Path, endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
+def model_only(
+    bundle: Path, endpoint: str, args: argparse.Namespace, served: dict[str, int]
+) -> dict[str, Any]:
+    """ORT alone on the same payloads. One request: the server's session (its threads).
+    Batched: the best the model does on this machine, over batch sizes and two layouts: one
+    session with every core, and one single-threaded session per core side by side."""
     from benchmarks.model_only import BundleModel, batched_reference, single_request_reference
 
     rng = random.Random(args.seed)  # the same payload pool the load generator draws from
     payloads = [make_payload(endpoint, rng) for _ in range(loadgen.POOL_SIZE)]
-    model = BundleModel(bundle, args.cpu_variant, args.threads)
+    cores = available_cores()
+    single = BundleModel(bundle, args.cpu_variant, served["threads"])
+    layouts = {(served["instances"], served["threads"]), (1, cores), (cores, 1)}
+    batched = {}
+    for instances, threads in sorted(layouts):
+        model = BundleModel(bundle, args.cpu_variant, threads, instances)
+        batched[f"{instances}x{threads}"] = batched_reference(model, payloads, args.model_seconds)
+    best = max(batched, key=lambda name: batched[name]["best_requests_per_s"])
     return {
         "variant": args.cpu_variant,
-        "threads": model.threads,
-        "single_request": single_request_reference(model, payloads, args.model_seconds),
-        "batched": batched_reference(model, payloads, args.model_seconds),
+        "threads": served["threads"],
+        "instances": served["instances"],
+        "single_request": single_request_reference(single, payloads, args.model_seconds),
+        "batched": batched[best],
+        "batched_layout": best,
+        "batched_by_layout": batched,
     }
+
+
+def served_layout(info: dict[str, Any]) -> dict[str, int]:
+    """Sessions and threads per session of the one model our server runs (from GET /models)."""
+    (model,) = [m for m in info["models"] if m["status"] == "ready"]
+    return {"instances": model.get("instances") or 1, "threads": model["intra_op_threads"]}
 
 
 def targets(entry: dict[str, Any]) -> dict[str, Any]:
     """The two service targets, computed from our server's rows and the model-only references."""
     ours = {r["concurrency"]: r for r in entry["servers"]["ours"]["levels"]}
     ref, out = entry["model_only"], {}
-    batched = ref["batched"]["requests_per_s"]
-    if 32 in ours and batched:
-        fraction = ours[32]["throughput_rps"] / batched
+    best = ref["batched"]["best_requests_per_s"]
+    if 32 in ours and best:
+        fraction = ours[32]["throughput_rps"] / best
         out["c32_throughput_vs_model_batched"] = {
             "service_rps": ours[32]["throughput_rps"],
-            "model_batched_rps": batched,
-            "model_batch_size": ref["batched"]["reference_batch_size"],
+            "model_batched_rps": best,
+            "model_layout": ref["batched_layout"],
+            "model_batch_size": ref["batched"]["best_batch_size"],
             "fraction": round(fraction, 3),
-            "fraction_of_best_batch_size": round(
-                ours[32]["throughput_rps"] / ref["batched"]["best_requests_per_s"], 3
-            ),
             "target": TARGET_C32_FRACTION,
             "passed": fraction >= TARGET_C32_FRACTION,
         }
@@ -186,7 +207,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"- Machine: {common.machine_line(report['machine'])}",
         f"- Closed loop (benchmarks/loadgen.py), {s['duration_s']} s per level after "
         f"{s['warmup_s']} s warm-up, seed {s['seed']}; our server: CPU_VARIANT={s['cpu_variant']}, "
-        f"INTRA_OP_THREADS={s['threads']} {' '.join(f'{k}={v}' for k, v in s['server_env'].items())}; "
+        f"INTRA_OP_THREADS={s['threads']} MODEL_INSTANCES={s.get('instances', 0)} "
+        f"{' '.join(f'{k}={v}' for k, v in s['server_env'].items())}; "
         "load generator in the same machine.",
         "",
     ]
@@ -210,16 +232,22 @@ def markdown(report: dict[str, Any]) -> str:
         ref = entry["model_only"]
         lines += [
             "",
-            f"Model-only ORT ({ref['variant']}, {ref['threads']} threads): one request alone "
-            f"p50 {ref['single_request']['p50_ms']} ms, mean {ref['single_request']['mean_ms']} ms; "
-            f"length-sorted full batches: "
-            + ", ".join(
-                f"batch {size}: {r['requests_per_s']} req/s"
-                for size, r in ref["batched"]["by_batch_size"].items()
-            )
-            + f" ({ref['batched']['sequences_per_request']} sequences per request).",
+            f"Model-only ORT ({ref['variant']}); one request alone on the server's session "
+            f"({ref['threads']} threads): p50 {ref['single_request']['p50_ms']} ms, "
+            f"mean {ref['single_request']['mean_ms']} ms. Length-sorted full batches "
+            f"({ref['batched']['sequences_per_request']} sequences per request), by layout "
+            "(sessions x threads each):",
             "",
         ]
+        for layout, batched in ref["batched_by_layout"].items():
+            lines.append(
+                f"- {layout}: "
+                + ", ".join(
+                    f"batch {size}: {r['requests_per_s']} req/s"
+                    for size, r in batched["by_batch_size"].items()
+                )
+            )
+        lines.append("")
         for key, t in entry["targets"].items():
             lines.append(f"- {key}: " + ", ".join(f"{k} {v}" for k, v in t.items()))
         lines.append("")
@@ -297,7 +325,10 @@ def run_endpoint(endpoint: str, bundle: Path, checkpoint: Path, how: str, args) 
             "levels": levels,
         }
     print("  model-only ORT reference", flush=True)
-    entry["model_only"] = model_only(bundle, endpoint, args)
+    served = served_layout(entry["servers"]["ours"]["models"]) if "ours" in entry["servers"] else None
+    entry["model_only"] = model_only(
+        bundle, endpoint, args, served or {"instances": 1, "threads": available_cores()}
+    )
     entry["targets"] = targets(entry) if "ours" in entry["servers"] else {}
     return entry
 
@@ -317,6 +348,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ready-timeout", type=float, default=300.0, help="wait this long for a server's /ready")
     p.add_argument("--cpu-variant", default="int8", choices=("int8", "fused", "fp32"))
     p.add_argument("--threads", type=int, default=0, help="ORT and torch threads (0 = all cores)")
+    p.add_argument(
+        "--instances", type=int, default=0, help="our server's MODEL_INSTANCES (0 = its automatic choice)"
+    )
     p.add_argument(
         "--server-env",
         action="append",
@@ -385,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             "model_seconds": args.model_seconds,
             "cpu_variant": args.cpu_variant,
             "threads": args.threads,
+            "instances": args.instances,
             "server_env": args.server_env,
             "seed": args.seed,
             "servers": args.servers,

@@ -21,6 +21,8 @@ def pytest_configure(config) -> None:
     except ImportError:
         return
     torch.set_num_threads(1)
+
+
 MAX_SEQ_LEN = 64  # short windows: long-input tests stay small
 
 

@@ -37,9 +37,16 @@ def test_report_writers(tmp_path):
         "created_at": "now",
         "machine": bench.machine_info(threads=1),
         "settings": {"quick": True, "shapes": shapes, "runs": 3, "warmup": 1, "budget_s": 1.0},
-        "models": {"m": {"layers": 2, "hidden_size": 32, "fused_operator_counts": {"Attention": 2},
-                         "bundle_mb": {"fp32": 1.0}, "export_seconds": 1.0,
-                         "int8_vs_fp32": {"argmax_agreement": 1.0, "max_abs_diff": 0.1}}},
+        "models": {
+            "m": {
+                "layers": 2,
+                "hidden_size": 32,
+                "fused_operator_counts": {"Attention": 2},
+                "bundle_mb": {"fp32": 1.0},
+                "export_seconds": 1.0,
+                "int8_vs_fp32": {"argmax_agreement": 1.0, "max_abs_diff": 0.1},
+            }
+        },
         "results": results,
     }
     text = bench.markdown(report)

@@ -69,8 +69,13 @@ def test_bad_arguments_are_named(checkpoints, tmp_path, kwargs, message):
 def test_bad_qa_defaults_are_named(checkpoints, tmp_path):
     with pytest.raises(ExportError, match="doc_stride 40 must be smaller than the context window"):
         export_bundle(checkpoints["qa"], tmp_path / "b", max_seq_len=48, qa_defaults={"doc_stride": 40})
-    out = export_bundle(checkpoints["qa"], tmp_path / "ok", variants=("fp32",), max_seq_len=48,
-                        qa_defaults={"doc_stride": 16, "max_answer_len": 12})
+    out = export_bundle(
+        checkpoints["qa"],
+        tmp_path / "ok",
+        variants=("fp32",),
+        max_seq_len=48,
+        qa_defaults={"doc_stride": 16, "max_answer_len": 12},
+    )
     expected = {"doc_stride": 16, "max_query_len": 12, "max_answer_len": 12}
     assert load_bundle_manifest(out).qa_defaults == expected
 
@@ -94,16 +99,26 @@ def test_eval_batches_and_metric_hook(checkpoints, tmp_path):
         hits = sum(int((o["logits"].argmax(-1) == g).sum()) for o, g in zip(outputs, gold, strict=True))
         return {"accuracy": hits / sum(len(g) for g in gold), "label": "not a number"}
 
-    out = export_bundle(checkpoints["classify"], tmp_path / "b", variants=("fp32", "int8"), max_seq_len=32,
-                        eval_batches=batches, metric_fn=accuracy)
+    out = export_bundle(
+        checkpoints["classify"],
+        tmp_path / "b",
+        variants=("fp32", "int8"),
+        max_seq_len=32,
+        eval_batches=batches,
+        metric_fn=accuracy,
+    )
     report = load_bundle_manifest(out).quantization["accuracy_vs_fp32"]
     assert report["eval_features"] == "caller eval_batches" and report["examples"] == 18
     assert calls == [3, 3]  # once on fp32 outputs, once on int8 outputs
     # fp32 metric computed independently with the PyTorch model.
     model = BertForSequenceClassification.from_pretrained(checkpoints["classify"]).eval()
     with torch.no_grad():
-        preds = [model(*(torch.from_numpy(b[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
-                 .logits.argmax(-1).numpy() for b in batches]
+        preds = [
+            model(*(torch.from_numpy(b[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
+            .logits.argmax(-1)
+            .numpy()
+            for b in batches
+        ]
     expected = sum(int((p == g).sum()) for p, g in zip(preds, gold, strict=True)) / 18
     metric = report["task_metric"]
     assert metric["fp32"]["accuracy"] == pytest.approx(expected)
@@ -133,8 +148,22 @@ def test_regression_head(tmp_path):
 
 def test_cli_exports_and_reports_errors(checkpoints, tmp_path, capsys):
     out = tmp_path / "cli"
-    assert main([str(checkpoints["qa"]), str(out), "--variants", "fp32,fused", "--max-seq-len", "40",
-                 "--doc-stride", "8", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                str(checkpoints["qa"]),
+                str(out),
+                "--variants",
+                "fp32,fused",
+                "--max-seq-len",
+                "40",
+                "--doc-stride",
+                "8",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr()
     assert "task=qa" in printed.out and "model_fused.onnx" in printed.out and printed.err == ""
     manifest = json.loads((out / "bundle.json").read_text())
@@ -147,8 +176,18 @@ def test_cli_eval_features_file(checkpoints, tmp_path, capsys):
     features = random_eval_batches("ner", vocab_size=100, max_seq_len=24, n_batches=1, batch_size=10)[0]
     np.savez(tmp_path / "features.npz", **features)
     out = tmp_path / "cli"
-    code = main([str(checkpoints["ner"]), str(out), "--variants", "int8", "--eval-features",
-                 str(tmp_path / "features.npz"), "--eval-batch-size", "4"])
+    code = main(
+        [
+            str(checkpoints["ner"]),
+            str(out),
+            "--variants",
+            "int8",
+            "--eval-features",
+            str(tmp_path / "features.npz"),
+            "--eval-batch-size",
+            "4",
+        ]
+    )
     assert code == 0
     assert "[export] int8 vs fp32 on caller eval_batches" in capsys.readouterr().err
     assert load_bundle_manifest(out).quantization["accuracy_vs_fp32"]["batches"] == 3
@@ -159,8 +198,19 @@ def test_cli_help_documents_every_option(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for option in ("--variants", "--max-seq-len", "--name", "--opset", "--doc-stride", "--max-query-len",
-                   "--max-answer-len", "--eval-features", "--eval-batch-size", "--overwrite", "--quiet"):
+    for option in (
+        "--variants",
+        "--max-seq-len",
+        "--name",
+        "--opset",
+        "--doc-stride",
+        "--max-query-len",
+        "--max-answer-len",
+        "--eval-features",
+        "--eval-batch-size",
+        "--overwrite",
+        "--quiet",
+    ):
         assert option in text
 
 
@@ -176,6 +226,9 @@ def test_real_minilm_fuses_completely(tmp_path):
         export_bundle(tmp_path / "minilm", tmp_path / "b", variants=("fused",), max_seq_len=128)
     )
     assert manifest.optimization["fused_operator_counts"] == {
-        "EmbedLayerNormalization": 1, "Attention": 6, "SkipLayerNormalization": 12, "BiasGelu": 6,
+        "EmbedLayerNormalization": 1,
+        "Attention": 6,
+        "SkipLayerNormalization": 12,
+        "BiasGelu": 6,
     }
     assert manifest.verification["fused"]["max_abs_diff"] <= 1e-4

@@ -18,6 +18,7 @@ def test_service_defaults_are_the_benchmarked_choice():
         True,
         True,
     )
+    assert settings.ort_shrink_above_tokens == 1024
     assert settings.malloc_mmap_threshold == 131072
 
 
@@ -35,15 +36,20 @@ def test_session_and_run_options_follow_the_tuning():
     assert shrinking.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
 
 
-@pytest.mark.parametrize("mem_pattern, arena, shrinkage", [(False, True, True), (True, False, False)])
-async def test_settings_reach_every_session(models_dir, mem_pattern, arena, shrinkage):
+@pytest.mark.parametrize(
+    "mem_pattern, arena, shrinkage, shrinks",
+    [(False, True, True, True), (True, False, False, False), (False, False, True, False)],
+)
+async def test_settings_reach_every_session(models_dir, mem_pattern, arena, shrinkage, shrinks):
+    # Shrinking without an arena would make ORT refuse every run: it is dropped, and the bundle loads.
     overrides = {"ort_mem_pattern": mem_pattern, "ort_cpu_arena": arena, "ort_arena_shrinkage": shrinkage}
-    async with serving(models_dir, **overrides) as (app, client):
+    async with serving(models_dir, model_instances=2, **overrides) as (app, client):
         for task in ("classify", "ner", "multiple-choice", "qa"):
-            runtime = bundle_of(app, task).runtime
-            options = runtime.session.get_session_options()
-            assert (options.enable_mem_pattern, options.enable_cpu_mem_arena) == (mem_pattern, arena)
-            assert (runtime.run_options is not None) == shrinkage
+            for runtime in bundle_of(app, task).runtime.runtimes:
+                options = runtime.session.get_session_options()
+                assert (options.enable_mem_pattern, options.enable_cpu_mem_arena) == (mem_pattern, arena)
+                assert (runtime.run_options is not None) == shrinks
+                assert runtime.run_options_above_tokens == 1024
         assert (await client.post("/classify", json={"text": "a good film"})).status_code == 200
 
 

@@ -1,0 +1,153 @@
+"""Model instances (sessions side by side), arena shrinking after large runs only, inline tokenizing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from app.batcher import Batcher, WorkItem
+from app.runtime import OrtRuntime, RuntimePool, resolve_instances
+from app.services import INLINE_CHARS, cpu_step
+from tests.app.conftest import bundle_of, serving
+from tests.app.test_batching import assert_same, mixed_requests
+
+
+def test_resolve_instances():
+    assert resolve_instances(0, "cpu", n_models=1, cores=2) == 2  # one single-threaded session per core
+    assert resolve_instances(0, "cpu", n_models=4, cores=2) == 1  # never fewer than one
+    assert resolve_instances(0, "cpu", n_models=2, cores=16) == 8
+    assert resolve_instances(0, "cuda", n_models=1, cores=16) == 1
+    assert resolve_instances(3, "cpu", n_models=4, cores=2) == 3  # explicit MODEL_INSTANCES wins
+
+
+class Recorder:
+    """A runtime that records how many runs overlap, held inside run() until `release` is set."""
+
+    def __init__(self, shared: dict, release: threading.Event):
+        self.shared, self.release = shared, release
+
+    def run(self, inputs):
+        with self.shared["lock"]:
+            self.shared["now"] += 1
+            self.shared["peak"] = max(self.shared["peak"], self.shared["now"])
+        self.release.wait(5)
+        with self.shared["lock"]:
+            self.shared["now"] -= 1
+        return {"logits": inputs["x"].astype(np.float32)}
+
+
+def overlap_state() -> dict:
+    return {"lock": threading.Lock(), "now": 0, "peak": 0}
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_runtime_pool_runs_at_most_one_batch_per_instance(instances):
+    state, release = overlap_state(), threading.Event()
+    pool = RuntimePool([Recorder(state, release) for _ in range(instances)])  # type: ignore[list-item]
+    threads = [threading.Thread(target=pool.run, args=({"x": np.ones((1, 1))},)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    assert state["now"] == instances  # the third caller waits for a free instance
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert state["peak"] == instances and state["now"] == 0
+
+
+def collate(payloads):
+    return {"x": np.array([[p] for p in payloads], dtype=np.int64)}
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+async def test_batcher_runs_up_to_concurrency_batches_at_once(concurrency):
+    state, release = overlap_state(), threading.Event()
+    pool = RuntimePool([Recorder(state, release) for _ in range(concurrency)])  # type: ignore[list-item]
+    batcher = Batcher(pool, collate, max_batch_size=1, max_wait_ms=0, concurrency=concurrency)
+    batcher.start()
+    futures = batcher.submit([WorkItem(payload=n, length=1) for n in range(4)])
+    await asyncio.sleep(0.2)
+    assert state["now"] == concurrency  # batches of one item each, `concurrency` of them running
+    assert batcher.depth == 4 - concurrency
+    release.set()
+    results = await asyncio.gather(*futures)
+    assert [float(r.outputs["logits"][0]) for r in results] == [0.0, 1.0, 2.0, 3.0]  # each its own row
+    assert state["peak"] == concurrency
+    await batcher.stop()
+
+
+async def test_stop_drains_batches_still_running_on_other_instances():
+    state, release = overlap_state(), threading.Event()
+    pool = RuntimePool([Recorder(state, release) for _ in range(2)])  # type: ignore[list-item]
+    batcher = Batcher(pool, collate, max_batch_size=1, max_wait_ms=0, concurrency=2)
+    batcher.start()
+    futures = batcher.submit([WorkItem(payload=n, length=1) for n in range(3)])
+    await asyncio.sleep(0.1)
+    stopping = asyncio.create_task(batcher.stop(drain=True))
+    await asyncio.sleep(0.1)
+    assert not stopping.done()  # waits for the running and the queued batch
+    release.set()
+    await asyncio.wait_for(stopping, 5)
+    assert all(f.done() and not f.exception() for f in futures)
+
+
+class CountingSession:
+    """A stand-in session that records the run options of every run."""
+
+    def __init__(self):
+        self.options_seen: list[object] = []
+
+    def get_inputs(self):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(name="input_ids")]
+
+    def get_outputs(self):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(name="logits")]
+
+    def get_providers(self):
+        return ["CPUExecutionProvider"]
+
+    def run(self, names, feed, options=None):
+        self.options_seen.append(options)
+        return [feed["input_ids"].astype(np.float32)]
+
+
+def test_arena_shrinks_only_after_runs_above_the_token_threshold():
+    session, shrink = CountingSession(), object()
+    runtime = OrtRuntime(session, "cpu", run_options=shrink, run_options_above_tokens=64)
+    runtime.run({"input_ids": np.ones((4, 16), np.int64)})  # 64 padded tokens: small
+    runtime.run({"input_ids": np.ones((4, 17), np.int64)})  # 68: large
+    assert session.options_seen == [None, shrink]
+    always = OrtRuntime(session, "cpu", run_options=shrink)  # threshold 0: every run
+    always.run({"input_ids": np.ones((1, 1), np.int64)})
+    assert session.options_seen[-1] is shrink
+
+
+async def test_cpu_step_runs_small_inputs_inline_and_large_ones_in_a_thread():
+    here = threading.get_ident()
+    assert await cpu_step(INLINE_CHARS, threading.get_ident) == here
+    assert await cpu_step(INLINE_CHARS + 1, threading.get_ident) != here
+
+
+async def test_two_instances_serve_every_endpoint_with_the_same_answers(models_dir):
+    requests = mixed_requests(seed=3)
+    async with serving(models_dir, cpu_variant="fused", model_instances=1) as (_, client):
+        alone = [(await client.post(path, json=body)).json() for path, body in requests]
+    async with serving(models_dir, cpu_variant="fused", model_instances=2, intra_op_threads=1) as (
+        app,
+        client,
+    ):
+        models = {m["task"]: m for m in (await client.get("/models")).json()["models"]}
+        assert all(models[t]["instances"] == 2 and models[t]["intra_op_threads"] == 1 for t in models)
+        assert len(bundle_of(app, "qa").runtime.runtimes) == 2
+        responses = await asyncio.gather(*(client.post(path, json=body) for path, body in requests))
+    for (path, _), expected, response in zip(requests, alone, responses, strict=True):
+        assert response.status_code == 200, (path, response.text)
+        assert_same(expected, response.json(), path)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -196,7 +197,7 @@ class Batcher:
             self.observer.on_rejected(QueueFull.reason, 1)
             raise QueueFull(len(self._queue), self.max_queue, len(items))
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = time.perf_counter()  # not loop.time(): uvloop's clock ticks in whole milliseconds
         futures = []
         for item in items:
             item.future = loop.create_future()
@@ -258,7 +259,7 @@ class Batcher:
                     continue
                 selected, full = self.plan()
                 if not full and not self._closing:
-                    delay = self._queue[0].enqueued_at + self.max_wait_s - loop.time()
+                    delay = self._queue[0].enqueued_at + self.max_wait_s - time.perf_counter()
                     if delay > 0:
                         self._wake.clear()
                         with contextlib.suppress(asyncio.TimeoutError):
@@ -282,7 +283,7 @@ class Batcher:
 
     async def _run_batch(self, items: list[WorkItem], loop: asyncio.AbstractEventLoop) -> None:
         batch_id = next(self._batch_ids)
-        started = loop.time()
+        started = time.perf_counter()
         rows = sum(it.rows for it in items)
         self.observer.on_batch(len(items), rows, max(it.length for it in items) * rows)
         try:
@@ -297,7 +298,7 @@ class Batcher:
                 if item.future is not None and not item.future.done():
                     item.future.set_exception(BatchFailed(batch_id, exc))
             return
-        inference_s = loop.time() - started
+        inference_s = time.perf_counter() - started
         for index, item in enumerate(items):
             if item.future is None or item.future.done():
                 continue

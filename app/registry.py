@@ -34,6 +34,7 @@ from .runtime import (
     create_runtime,
     resolve_device,
     resolve_instances,
+    resolve_padding_factor,
     session_threads,
 )
 from .settings import TASK_NAMES, Settings, available_cores
@@ -178,7 +179,7 @@ class Registry:
                     max_batch_tokens=self.settings.max_batch_tokens,
                     max_wait_ms=self.settings.max_wait_ms,
                     max_queue=self.settings.max_queue,
-                    max_padding_factor=self.settings.max_padding_factor,
+                    max_padding_factor=resolve_padding_factor(self.settings.max_padding_factor, self.device),
                     observer=self.metrics.observer(bundle.task),
                     name=bundle.name,
                     concurrency=instances,

@@ -80,6 +80,17 @@ def session_threads(configured: int, n_sessions: int, cores: int) -> int:
     return max(1, cores // max(1, n_sessions))
 
 
+CPU_PADDING_FACTOR = 1.1  # benchmarks/results/service.md: throughput fell as the factor rose from 1.05 to 2
+
+
+def resolve_padding_factor(configured: float | None, device: str) -> float:
+    """MAX_PADDING_FACTOR, or by device: on a CPU a padded token costs as much as a real one and
+    bigger batches gain little, so batches hold near-equal lengths; a GPU pads almost for free."""
+    if configured is not None:
+        return configured
+    return 0.0 if device == "cuda" else CPU_PADDING_FACTOR
+
+
 def resolve_instances(configured: int, device: str, n_models: int, cores: int) -> int:
     """MODEL_INSTANCES, or with 0 (auto): on a CPU one single-threaded session per core the
     models leave free, so batches run side by side; one instance on a GPU (it batches itself)."""

@@ -180,14 +180,8 @@ class ClassifyService(TaskService):
             encodings = classify_proc.encode_for_classify(
                 self.tokenizer, text, pair, self.max_seq_len, self.long_text, self.window_overlap
             )
-            out.append((encodings, len(encodings) == 1 and self._was_truncated(encodings[0], text, pair)))
+            out.append((encodings, len(encodings) == 1 and encodings[0].truncated))
         return out
-
-    def _was_truncated(self, encoding: Encoding, text: str, pair: str | None) -> bool:
-        if len(encoding) < self.max_seq_len:
-            return False  # cheap common case: room to spare means nothing was cut
-        tokens = len(self.tokenizer.tokenize(text)) + (len(self.tokenizer.tokenize(pair)) + 1 if pair else 0)
-        return tokens + 2 > self.max_seq_len
 
     async def __call__(
         self, request: ClassifyRequest, timings: Timings

@@ -191,35 +191,28 @@ class _HttpxSender:
 
 
 class _RawSender:
-    """benchmarks/rawhttp.py: one keep-alive connection per in-flight request, pre-encoded bytes."""
+    """benchmarks/rawhttp.py: keep-alive connections, request bytes encoded once per payload."""
 
     def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
-        self.host, self.port = rawhttp.host_port(url)
-        self.timeout_s, self.headers = timeout_s, headers
-        self.idle: list[rawhttp.Connection] = []
+        host, port = rawhttp.host_port(url)
+        self.pool = rawhttp.ConnectionPool(host, port)
+        self.timeout_s, self.headers, self.host = timeout_s, headers, f"{host}:{port}"
         self.encoded: dict[int, bytes] = {}
 
     async def send(self, path: str, body: bytes, request_id: str) -> tuple[str, bytes]:
         raw = self.encoded.get(id(body))
-        if raw is None:  # pool payloads are encoded once: no per-request Python beyond the socket
-            raw = self.encoded[id(body)] = rawhttp.encode_request(
-                "POST", f"{self.host}:{self.port}", path, body, self.headers
-            )
-        connection = (
-            self.idle.pop() if self.idle else rawhttp.Connection(self.host, self.port, self.timeout_s)
-        )
+        if raw is None:  # no per-request Python beyond the socket
+            raw = self.encoded[id(body)] = rawhttp.encode_request("POST", path, body, self.headers, self.host)
         try:
-            response = await connection.request(raw)
+            response = await self.pool.request(raw, self.timeout_s)
         except asyncio.TimeoutError:
             return "timeout", b""
         except rawhttp.HTTPError:
             return "connection_error", b""
-        self.idle.append(connection)
         return str(response.status), response.body
 
     async def close(self) -> None:
-        for connection in self.idle:
-            await connection.close()
+        await self.pool.close()
 
 
 class _Runner:
@@ -244,7 +237,7 @@ class _Runner:
         self.issued += 1
         request_id = f"loadgen-{self.config.seed}-{self.issued}"
         status, content = await self.sender.send(ENDPOINTS[endpoint], body, request_id)
-        sample = Sample(endpoint, status, asyncio.get_running_loop().time() - due)
+        sample = Sample(endpoint, status, time.perf_counter() - due)  # uvloop's loop.time() ticks in ms
         self.samples.append(sample)
         if self.config.check_schema and status.startswith("2"):
             self.to_check.append((sample, endpoint, payload, content))
@@ -264,7 +257,6 @@ class _Runner:
         return cfg.duration_s is None or now - started < cfg.duration_s
 
     async def open_loop(self) -> int:
-        loop = asyncio.get_running_loop()
         assert self.config.rate
         interval = 1.0 / self.config.rate
         total = math.inf
@@ -272,12 +264,12 @@ class _Runner:
             total = math.ceil(self.config.duration_s * self.config.rate - 1e-9)
         if self.config.max_requests is not None:
             total = min(total, self.config.max_requests)
-        started = loop.time()
+        started = time.perf_counter()
         in_flight: set[asyncio.Task[None]] = set()
         dropped = arrivals = 0
         while arrivals < total:
             due = started + arrivals * interval
-            await asyncio.sleep(max(0.0, due - loop.time()))
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
             arrivals += 1
             if len(in_flight) >= self.config.concurrency:
                 dropped += 1
@@ -289,12 +281,11 @@ class _Runner:
         return dropped
 
     async def closed_loop(self) -> int:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = time.perf_counter()
 
         async def worker() -> None:
-            while self.more(started, loop.time()):
-                await self.one(loop.time())
+            while self.more(started, time.perf_counter()):
+                await self.one(time.perf_counter())
 
         await asyncio.gather(*(worker() for _ in range(self.config.concurrency)))
         return 0
@@ -328,8 +319,17 @@ async def _measure(config: LoadConfig, sender: _HttpxSender | _RawSender) -> dic
     return build_report(config, runner.samples, elapsed, dropped)
 
 
+def run_async(coroutine: Any) -> Any:
+    """asyncio.run on uvloop when it is installed: the client's own CPU is taken from the server."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
 def run(config: LoadConfig, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
-    return asyncio.run(run_load(config, transport))
+    return run_async(run_load(config, transport))
 
 
 async def wait_ready(url: str, timeout_s: float, transport: httpx.AsyncBaseTransport | None = None) -> None:
@@ -429,7 +429,7 @@ def _print_summary(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     config, args = parse_args(argv)
     if args.wait_ready:
-        asyncio.run(wait_ready(config.url, args.wait_ready))
+        run_async(wait_ready(config.url, args.wait_ready))
     if args.sweep:
         levels = [int(x) for x in args.sweep.split(",") if x.strip()]
         reports: list[dict[str, Any]] = closed_loop_sweep(config, levels)

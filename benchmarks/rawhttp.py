@@ -1,17 +1,20 @@
-"""A lean HTTP/1.1 keep-alive client for load generation (asyncio streams, no dependencies).
+"""A lean HTTP/1.1 keep-alive client over asyncio streams, for load the client must not limit.
 
 On a small machine the load generator shares the CPU with the server it measures. httpx spends
-roughly a millisecond of Python per request building and parsing messages; that time is charged
-to the server's latency at concurrency 1 and taken from its CPU at high concurrency. This client
-sends pre-encoded request bytes and reads a Content-Length (or chunked) response, like wrk does,
-so what the benchmark measures is the server.
+about a millisecond of Python per request building and parsing messages; that time is charged
+to the server's latency at concurrency 1 and taken from its CPU at high concurrency. Here a
+request is pre-encoded bytes and a response is parsed just enough for its status, headers and
+body (Content-Length or chunked), as wrk does. Used by benchmarks/loadgen.py and the
+reliability tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 class HTTPError(Exception):
@@ -28,75 +31,94 @@ class RawResponse:
     def is_success(self) -> bool:
         return 200 <= self.status < 300
 
-
-def encode_request(method: str, host: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
-    if body:
-        lines.append("Content-Type: application/json")
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    def json(self) -> Any:
+        return json.loads(self.body)
 
 
-class Connection:
-    """One keep-alive connection; reconnects after the server closes it."""
+def encode_request(
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
+    all_headers = dict(headers or {})
+    if body is not None:
+        all_headers = {"Content-Type": "application/json", **all_headers, "Content-Length": str(len(body))}
+    lines += [f"{name}: {value}" for name, value in all_headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
 
-    def __init__(self, host: str, port: int, timeout_s: float):
-        self.host, self.port, self.timeout_s = host, port, timeout_s
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
 
-    async def _connect(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+def post_json(path: str, payload: Any, headers: dict[str, str] | None = None) -> bytes:
+    return encode_request("POST", path, json.dumps(payload).encode("utf-8"), headers)
+
+
+async def read_response(reader: asyncio.StreamReader) -> RawResponse:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        body = await _read_chunked(reader)
+    else:
+        length = int(headers.get("content-length", "0"))
+        body = await reader.readexactly(length) if length else b""
+    return RawResponse(int(status_line.split(" ", 2)[1]), headers, body)
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    parts = []
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        chunk = await reader.readexactly(size + 2)  # the chunk and its CRLF
+        if size == 0:
+            return b"".join(parts)
+        parts.append(chunk[:-2])
+
+
+@dataclass
+class ConnectionPool:
+    """Keep-alive connections to one host; a request takes an idle one or opens a new one.
+
+    A connection that failed, timed out or was closed by the server is dropped, so a late
+    response is never read as the next request's.
+    """
+
+    host: str
+    port: int
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
+
+    async def request(self, raw: bytes, timeout_s: float = 30.0) -> RawResponse:
+        """Send pre-encoded bytes. Raises TimeoutError, or HTTPError for a broken exchange."""
+        if self.idle:
+            reader, writer = self.idle.pop()
+        else:
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+            except OSError as e:
+                raise HTTPError(f"cannot connect: {e}") from e
+        try:
+            writer.write(raw)
+            response = await asyncio.wait_for(read_response(reader), timeout_s)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+            writer.close()
+            raise HTTPError(f"{type(e).__name__}: {e}") from e
+        except BaseException:
+            writer.close()
+            raise
+        if response.headers.get("connection", "").lower() == "close":
+            writer.close()
+        else:
+            self.idle.append((reader, writer))
+        return response
 
     async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            try:
-                await self.writer.wait_closed()
-            except OSError:
-                pass
-        self.reader = self.writer = None
-
-    async def request(self, raw: bytes) -> RawResponse:
-        """Send pre-encoded request bytes; TimeoutError past timeout_s, HTTPError on a broken exchange."""
-        try:
-            return await asyncio.wait_for(self._exchange(raw), self.timeout_s)
-        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
-            await self.close()
-            raise HTTPError(f"{type(e).__name__}: {e}") from e
-        except asyncio.TimeoutError:
-            await self.close()  # a late response must not be read as the next one's
-            raise
-
-    async def _exchange(self, raw: bytes) -> RawResponse:
-        if self.writer is None:
-            await self._connect()
-        assert self.reader is not None and self.writer is not None
-        self.writer.write(raw)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
-        status = int(status_line.split(" ", 2)[1])
-        headers = {}
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if headers.get("transfer-encoding", "").lower() == "chunked":
-            body = await self._read_chunked()
-        else:
-            body = await self.reader.readexactly(int(headers.get("content-length", "0")))
-        if headers.get("connection", "").lower() == "close":
-            await self.close()
-        return RawResponse(status, headers, body)
-
-    async def _read_chunked(self) -> bytes:
-        assert self.reader is not None
-        parts = []
-        while True:
-            size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            chunk = await self.reader.readexactly(size + 2)  # the chunk and its CRLF
-            if size == 0:
-                return b"".join(parts)
-            parts.append(chunk[:-2])
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
 
 
 def host_port(url: str) -> tuple[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,16 +66,21 @@ def classify_from_logits(
         )
         name = labels[0] if labels else "value"
         return ClassifyResult(name, value, [LabelScore(name, value)], value=value, windows=len(logits))
-    probs = softmax(logits, axis=-1)
-    if aggregation == "first":
-        doc = probs[0]
-    elif aggregation == "max":
-        doc = probs.max(axis=0)
-        doc = doc / doc.sum()
+    if len(logits) == 1 or aggregation == "first":
+        doc = softmax_list(logits[0].tolist())  # the common case: plain floats beat numpy's call overhead
     else:
-        doc = probs.mean(axis=0)
-    order = np.argsort(-doc, kind="stable")
+        probs = softmax(logits, axis=-1)
+        rows = probs.max(axis=0) if aggregation == "max" else probs.mean(axis=0)
+        doc = (rows / rows.sum()).tolist()
+    order = sorted(range(len(doc)), key=lambda i: -doc[i])  # stable: ties keep label order
     if top_k is not None:
         order = order[:top_k]
-    scores = [LabelScore(labels[i], float(doc[i])) for i in order]
+    scores = [LabelScore(labels[i], doc[i]) for i in order]
     return ClassifyResult(scores[0].label, scores[0].score, scores, windows=len(logits))
+
+
+def softmax_list(values: list[float]) -> list[float]:
+    peak = max(values)
+    exps = [math.exp(v - peak) for v in values]
+    total = sum(exps)
+    return [e / total for e in exps]

@@ -42,6 +42,7 @@ class Encoding:
     offsets: np.ndarray  # int64 [seq, 2]; (0, 0) for special tokens
     sequence_ids: np.ndarray  # int64 [seq]; 0 first text, 1 second, -1 special
     word_ids: np.ndarray  # int64 [seq]; -1 for special tokens
+    truncated: bool = False  # encode() cut tokens to fit max_length
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -134,8 +135,11 @@ class TextTokenizer:
         """Encode one text or a pair, truncating the longer side first to fit `max_length`."""
         first = self.tokenize(text)
         second = self.tokenize(text_pair) if text_pair is not None else None
+        n_tokens = len(first) + (len(second) if second is not None else 0)
         first, second = truncate_pair(first, second, max_length)
-        return self.build(first, second)
+        encoding = self.build(first, second)
+        encoding.truncated = len(first) + (len(second) if second is not None else 0) < n_tokens
+        return encoding
 
 
 def truncate_pair(first: Tokens, second: Tokens | None, max_length: int) -> tuple[Tokens, Tokens | None]:

@@ -5,7 +5,7 @@ arrive open loop at twice that rate, each sent whatever the server does. Every r
 HTTP response; accepted ones complete with a valid answer, the excess is refused quickly with 429
 and Retry-After, throughput does not collapse, and memory does not grow.
 
-The client is tests/reliability/rawhttp.py: httpx costs about a millisecond of CPU per request,
+The client is benchmarks/rawhttp.py: httpx costs about a millisecond of CPU per request,
 which on a small shared machine would make the client, not the server, the bottleneck.
 """
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from benchmarks.rawhttp import ConnectionPool, RawResponse, post_json
 from tests.reliability.live import LiveServer, start_server
-from tests.reliability.rawhttp import ConnectionPool, RawResponse, post_json
 
 MAX_IN_FLIGHT = 16
 PROBE_S, OVERLOAD_S = 2.0, 3.0

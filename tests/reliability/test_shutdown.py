@@ -9,8 +9,8 @@ import time
 
 import httpx
 
+from benchmarks.rawhttp import ConnectionPool, post_json
 from tests.reliability.live import start_server
-from tests.reliability.rawhttp import ConnectionPool, post_json
 
 HOLD_MS = 1500  # MAX_WAIT_MS: a lone small batch waits this long for company, so requests stay in flight
 IN_FLIGHT = 6

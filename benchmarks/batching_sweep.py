@@ -1,0 +1,201 @@
+"""Which batching and session settings serve most: our real server under the same load per setting.
+
+    .venv/bin/python benchmarks/batching_sweep.py                 # defaults: /classify, c=1 and 32
+    .venv/bin/python benchmarks/batching_sweep.py --duration 5 --settings "pf1.1=MAX_PADDING_FACTOR=1.1"
+
+Each setting starts `uvicorn app.main:app` on the SST-2 bundle alone with a few environment
+overrides, warms up, then runs the closed-loop load generator at each concurrency. Besides
+throughput and latency it reads the batcher's own histograms from /metrics: the mean batch size
+and the padded tokens per request, which explain the throughput. The defaults in app/runtime.py
+(CPU_PADDING_FACTOR, resolve_instances) were chosen from this table.
+Writes benchmarks/results/batching_sweep.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import bench_common as common  # noqa: E402
+from benchmarks import loadgen  # noqa: E402
+
+DEFAULT_SETTINGS = {
+    "default": "",
+    "padding-1.05": "MAX_PADDING_FACTOR=1.05",
+    "padding-1.2": "MAX_PADDING_FACTOR=1.2",
+    "padding-1.5": "MAX_PADDING_FACTOR=1.5",
+    "padding-2": "MAX_PADDING_FACTOR=2",
+    "padding-off": "MAX_PADDING_FACTOR=0",
+    "1-instance-all-threads": "MODEL_INSTANCES=1",
+    "2-instances-2-threads": "MODEL_INSTANCES=2 INTRA_OP_THREADS=2",
+    "wait-2ms": "MAX_WAIT_MS=2",
+}
+
+
+def parse_settings(spec: str | None) -> dict[str, dict[str, str]]:
+    """'name=ENV=V ENV2=V2;name2=...' (or the defaults) -> {name: {ENV: V}}."""
+    pairs = DEFAULT_SETTINGS if spec is None else dict(p.split("=", 1) for p in spec.split(";") if p.strip())
+    out: dict[str, dict[str, str]] = {}
+    for name, env in pairs.items():
+        out[name.strip()] = dict(kv.split("=", 1) for kv in env.split())
+    return out
+
+
+def metric_sum(text: str, name: str) -> float:
+    """Sum over label sets of one Prometheus sample name in /metrics text."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", re.M)
+    return sum(float(m.group(1)) for m in pattern.finditer(text))
+
+
+def one_setting(name: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    models_dir = args.work_dir / "models-dir"
+    models_dir.mkdir(parents=True, exist_ok=True)
+    link = models_dir / args.bundle.name
+    if not link.exists():
+        link.symlink_to(args.bundle.resolve(), target_is_directory=True)
+    port = common.free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    server_env = {"MODELS_DIR": str(models_dir), "DEVICE": "cpu", **env}
+    log_path = args.work_dir / "logs" / f"{name}.log"
+    with common.server(command, server_env, log_path, url, 300) as pid:
+        model = httpx.get(f"{url}/models", timeout=10).json()["models"][0]
+        warm = loadgen.LoadConfig(url=url, duration_s=args.warmup, concurrency=max(args.concurrency))
+        warm.endpoints = {args.endpoint: 1.0}
+        loadgen.run(warm)
+        levels = []
+        for level in args.concurrency:
+            before = httpx.get(f"{url}/metrics", timeout=10).text
+            cpu_before = common.tree_cpu_seconds(pid)
+            config = loadgen.LoadConfig(url=url, duration_s=args.duration, concurrency=level, seed=args.seed)
+            config.endpoints = {args.endpoint: 1.0}
+            report = loadgen.run(config)
+            cpu = common.tree_cpu_seconds(pid) - cpu_before
+            after = httpx.get(f"{url}/metrics", timeout=10).text
+            delta = {
+                key: metric_sum(after, f"bert_batch_{key}") - metric_sum(before, f"bert_batch_{key}")
+                for key in ("size_sum", "size_count", "padded_tokens_sum")
+            }
+            ok, batches = report["ok"], delta["size_count"]
+            levels.append({
+                "concurrency": level,
+                "throughput_rps": report["throughput_rps"],
+                "latency_ms": report["latency_ms"],
+                "errors": report["errors"],
+                "mean_batch_size": round(delta["size_sum"] / batches, 2) if batches else None,
+                "padded_tokens_per_request": round(delta["padded_tokens_sum"] / ok, 1) if ok else None,
+                "cpu_seconds_per_1000_requests": round(1000 * cpu / ok, 3) if ok else None,
+            })  # fmt: skip
+            lat = report["latency_ms"]
+            print(
+                f"  {name:24} c={level:<3} {report['throughput_rps']:8.1f} req/s  p50 {lat['p50']} "
+                f"p99 {lat['p99']} ms  batch {levels[-1]['mean_batch_size']}  "
+                f"padded/req {levels[-1]['padded_tokens_per_request']}",
+                flush=True,
+            )
+    return {
+        "env": env,
+        "instances": model.get("instances"),
+        "intra_op_threads": model.get("intra_op_threads"),
+        "limits": model.get("limits"),
+        "levels": levels,
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    lines = [
+        "# Batching and session settings under the same load",
+        "",
+        f"Generated {report['created_at']} by `{s['command']}`.",
+        "",
+        f"- Machine: {common.machine_line(report['machine'])}",
+        f"- Bundle `{s['bundle']}`, endpoint /{s['endpoint']}, closed loop {s['duration_s']} s per level "
+        f"after {s['warmup_s']} s warm-up; the load generator (benchmarks/loadgen.py) shares the cores.",
+        "",
+        "| setting | env | sessions x threads | concurrency | req/s | p50 ms | p99 ms | mean batch | "
+        "padded tokens / req | CPU-s / 1k req |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in report["results"].items():
+        env = " ".join(f"{k}={v}" for k, v in r["env"].items()) or "(service defaults)"
+        for level in r["levels"]:
+            lat = level["latency_ms"]
+            lines.append(
+                f"| {name} | `{env}` | {r['instances']} x {r['intra_op_threads']} | {level['concurrency']} | "
+                f"{level['throughput_rps']:.1f} | {lat['p50']} | {lat['p99']} | {level['mean_batch_size']} | "
+                f"{level['padded_tokens_per_request']} | {level['cpu_seconds_per_1000_requests']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    plt = common.pyplot()
+    top = max(report["settings"]["concurrency"])
+    names = list(report["results"])
+    rps = [
+        next(lv["throughput_rps"] for lv in report["results"][n]["levels"] if lv["concurrency"] == top)
+        for n in names
+    ]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.5))
+    ax.barh(names, rps, color="C0")
+    ax.invert_yaxis()
+    ax.set_xlabel(f"requests/s at concurrency {top}")
+    ax.set_title(f"/{report['settings']['endpoint']}: throughput by setting")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bundle", type=Path, default=common.default_bundle("classify"))
+    p.add_argument("--endpoint", default="classify", choices=("classify", "qa", "ner", "multiple-choice"))
+    p.add_argument("--settings", help="'name=ENV=V ENV2=V;name2=ENV=V' (default: the built-in sweep)")
+    p.add_argument("--concurrency", default="1,32", help="comma list")
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work-dir", type=Path, default=common.WORK / "batching_sweep")
+    p.add_argument("--out", type=Path, default=common.RESULTS)
+    args = p.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    common.require_bundle(
+        args.bundle, args.endpoint if args.endpoint != "multiple-choice" else "multiple-choice"
+    )
+    settings = parse_settings(args.settings)
+    report: dict[str, Any] = {
+        "created_at": common.now(),
+        "machine": common.machine_info(),
+        "settings": {
+            "command": "python benchmarks/batching_sweep.py "
+            + " ".join(argv if argv is not None else sys.argv[1:]),
+            "bundle": str(args.bundle),
+            "endpoint": args.endpoint,
+            "concurrency": args.concurrency,
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+        },
+        "results": {},
+    }
+    started = time.perf_counter()
+    for name, env in settings.items():
+        report["results"][name] = one_setting(name, env, args)
+    report["wall_s"] = round(time.perf_counter() - started, 1)
+    common.write_results(
+        args.out, "batching_sweep", report, markdown(report), lambda path: plot(report, path)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

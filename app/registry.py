@@ -224,8 +224,12 @@ class Registry:
             shrink_above_tokens=self.settings.ort_shrink_above_tokens,
         )
         path = manifest.variant_path(bundle.path, bundle.variant)
+        disabled = manifest.variants[bundle.variant].disabled_optimizers
         bundle.runtime = RuntimePool(
-            [create_runtime(path, self.device, threads, tuning) for _ in range(instances)]
+            [
+                create_runtime(path, self.device, threads, tuning, disabled_optimizers=disabled)
+                for _ in range(instances)
+            ]
         )
         bundle.instances = instances
         self._warm_up(bundle)

@@ -10,7 +10,7 @@ import ctypes
 import logging
 import queue
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,14 +258,20 @@ def create_runtime(
     threads: int,
     tuning: SessionTuning = SessionTuning(),
     session_factory: Callable[..., Any] | None = None,
+    disabled_optimizers: Sequence[str] = (),
 ) -> OrtRuntime:
-    """One InferenceSession on `device` ('cpu' | 'cuda', already resolved); verifies the provider."""
+    """One InferenceSession on `device` ('cpu' | 'cuda', already resolved); verifies the provider.
+    `disabled_optimizers` comes from the bundle's variant entry (see export/pipeline.py)."""
     if session_factory is None:
         import onnxruntime as ort
 
         session_factory = ort.InferenceSession
+    extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
     session = session_factory(
-        str(model_path), sess_options=session_options(threads, tuning), providers=providers_for(device)
+        str(model_path),
+        sess_options=session_options(threads, tuning),
+        providers=providers_for(device),
+        **extra,
     )
     check_providers(list(session.get_providers()), device, model_path)
     return OrtRuntime(

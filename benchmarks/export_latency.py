@@ -119,6 +119,7 @@ def engines_for(checkpoint: Path, bundle: Path, threads: int) -> dict[str, Calla
     import torch
     import transformers
 
+    from export.bundle import load_bundle_manifest
     from model.bert import BertForSequenceClassification
 
     transformers.utils.logging.disable_progress_bar()
@@ -141,19 +142,25 @@ def engines_for(checkpoint: Path, bundle: Path, threads: int) -> dict[str, Calla
 
         return bind
 
-    def ort_engine(file: str):
+    manifest = load_bundle_manifest(bundle)
+
+    def ort_engine(variant: str):
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
-        session = ort.InferenceSession(str(bundle / file), options, providers=["CPUExecutionProvider"])
+        info = manifest.variants[variant]  # with the bundle's own session settings, as the service
+        extra = {"disabled_optimizers": info.disabled_optimizers} if info.disabled_optimizers else {}
+        session = ort.InferenceSession(
+            str(bundle / info.file), options, providers=["CPUExecutionProvider"], **extra
+        )
         return lambda feeds: lambda: session.run(["logits"], feeds)
 
     return {
         "ours-torch": torch_engine(ours, False),
         "hf-torch-sdpa": torch_engine(hf["sdpa"], True),
         "hf-torch-eager": torch_engine(hf["eager"], True),
-        "ort-fp32": ort_engine("model.onnx"),
-        "ort-fused": ort_engine("model_fused.onnx"),
-        "ort-int8": ort_engine("model_int8.onnx"),
+        "ort-fp32": ort_engine("fp32"),
+        "ort-fused": ort_engine("fused"),
+        "ort-int8": ort_engine("int8"),
     }
 
 

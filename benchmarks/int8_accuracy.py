@@ -38,11 +38,14 @@ from processing.tokenizer import TextTokenizer  # noqa: E402
 class OrtHead(torch.nn.Module):
     """Looks like one of our heads to the evaluation loop; runs an ONNX Runtime session."""
 
-    def __init__(self, onnx_path: Path, config, threads: int):
+    def __init__(self, onnx_path: Path, config, threads: int, disabled_optimizers: list[str]):
         super().__init__()
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        extra = {"disabled_optimizers": disabled_optimizers} if disabled_optimizers else {}
+        self.session = ort.InferenceSession(
+            str(onnx_path), options, providers=["CPUExecutionProvider"], **extra
+        )
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.config = config
@@ -74,7 +77,8 @@ def evaluate_variant(bundle: Path, variant: str, recipe: dict, threads: int) -> 
             config.id2label = dict(enumerate(labels))
         config.save_pretrained(tmp)
         train, valid = prepare_data(args, task, Path(tmp), labels)
-        head = OrtHead(bundle / manifest.variants[variant].file, config, threads)
+        info = manifest.variants[variant]
+        head = OrtHead(bundle / info.file, config, threads, info.disabled_optimizers)
         trainer = Trainer(head, task, train, valid, TrainConfig(eval_batch_size=32, progress=False), tmp)
         started = time.perf_counter()
         metrics = trainer.evaluate()

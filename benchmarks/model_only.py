@@ -50,7 +50,11 @@ class BundleModel:
         self.threads = threads or available_cores()
         self.tokenizer = TextTokenizer.from_dir(self.path)
         path = self.manifest.variant_path(self.path, variant)
-        self.runtimes = [create_runtime(path, "cpu", self.threads) for _ in range(max(1, instances))]
+        disabled = self.manifest.variants[variant].disabled_optimizers  # as the server loads it
+        self.runtimes = [
+            create_runtime(path, "cpu", self.threads, disabled_optimizers=disabled)
+            for _ in range(max(1, instances))
+        ]
         self.runtime = self.runtimes[0]
         self.max_seq_len = self.manifest.max_seq_len
         defaults = {**DEFAULT_QA, **(self.manifest.qa_defaults or {})}

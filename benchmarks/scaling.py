@@ -182,7 +182,10 @@ def sweep(
     from export.bundle import load_bundle_manifest
 
     manifest = load_bundle_manifest(bundle)
-    runtime = create_runtime(manifest.variant_path(bundle, variant), "cpu", args.threads)
+    disabled = manifest.variants[variant].disabled_optimizers
+    runtime = create_runtime(
+        manifest.variant_path(bundle, variant), "cpu", args.threads, disabled_optimizers=disabled
+    )
     vocab = int(manifest.model.get("vocab_size", 30522))
     rows = []
     for batch, seq in points:

@@ -13,8 +13,14 @@ from .bundle import (
 )
 
 __all__ = [
-    "BundleError", "BundleManifest", "VariantInfo", "load_bundle_manifest", "verify_bundle_files",
-    "export_bundle", "ExportError", "VerificationError",
+    "BundleError",
+    "BundleManifest",
+    "VariantInfo",
+    "load_bundle_manifest",
+    "verify_bundle_files",
+    "export_bundle",
+    "ExportError",
+    "VerificationError",
 ]
 
 

@@ -26,29 +26,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("checkpoint_dir", type=Path, help="fine-tuned checkpoint directory (config.task set)")
     parser.add_argument("out_dir", type=Path, help="bundle directory to create")
     parser.add_argument(
-        "--variants", default=",".join(ALL_VARIANTS),
+        "--variants",
+        default=",".join(ALL_VARIANTS),
         help="comma-separated subset of fp32 (plain graph), fused (ORT transformer fusions), "
-             "int8 (dynamic quantization, CPU), fp16 (CUDA); default: all four",
+        "int8 (dynamic quantization, CPU), fp16 (CUDA); default: all four",
     )
     parser.add_argument(
-        "--max-seq-len", type=int, default=None,
+        "--max-seq-len",
+        type=int,
+        default=None,
         help="longest sequence the bundle accepts; verified at this length "
-             "(default: config max_position_embeddings)",
+        "(default: config max_position_embeddings)",
     )
     parser.add_argument("--name", default=None, help="bundle name in bundle.json (default: checkpoint dir)")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset, >= 17 (default: 17)")
     qa = parser.add_argument_group("question answering defaults (qa checkpoints only)")
-    qa.add_argument("--doc-stride", type=int, default=None,
-                    help=f"overlap between context windows (default {DEFAULT_QA['doc_stride']}, "
-                         "shrunk to fit short max-seq-len)")
-    qa.add_argument("--max-query-len", type=int, default=None,
-                    help=f"question tokens kept (default {DEFAULT_QA['max_query_len']}, shrunk to fit)")
-    qa.add_argument("--max-answer-len", type=int, default=None,
-                    help=f"longest answer span in tokens (default {DEFAULT_QA['max_answer_len']})")
+    qa.add_argument(
+        "--doc-stride",
+        type=int,
+        default=None,
+        help=f"overlap between context windows (default {DEFAULT_QA['doc_stride']}, "
+        "shrunk to fit short max-seq-len)",
+    )
+    qa.add_argument(
+        "--max-query-len",
+        type=int,
+        default=None,
+        help=f"question tokens kept (default {DEFAULT_QA['max_query_len']}, shrunk to fit)",
+    )
+    qa.add_argument(
+        "--max-answer-len",
+        type=int,
+        default=None,
+        help=f"longest answer span in tokens (default {DEFAULT_QA['max_answer_len']})",
+    )
     parser.add_argument(
-        "--eval-features", type=Path, default=None,
+        "--eval-features",
+        type=Path,
+        default=None,
         help=".npz with input_ids, attention_mask, token_type_ids ([N, seq] or [N, choices, seq]) used to "
-             "measure the int8 accuracy cost; default: random-token inputs",
+        "measure the int8 accuracy cost; default: random-token inputs",
     )
     parser.add_argument("--eval-batch-size", type=int, default=32, help="batch size for --eval-features")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
@@ -73,8 +90,15 @@ def load_eval_features(path: Path, batch_size: int) -> list[dict[str, np.ndarray
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    qa = {k: v for k, v in (("doc_stride", args.doc_stride), ("max_query_len", args.max_query_len),
-                            ("max_answer_len", args.max_answer_len)) if v is not None}
+    qa = {
+        k: v
+        for k, v in (
+            ("doc_stride", args.doc_stride),
+            ("max_query_len", args.max_query_len),
+            ("max_answer_len", args.max_answer_len),
+        )
+        if v is not None
+    }
 
     def log(message: str) -> None:
         if not args.quiet:
@@ -85,9 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         batches = load_eval_features(args.eval_features, args.eval_batch_size) if args.eval_features else None
         out = export_bundle(
-            args.checkpoint_dir, args.out_dir, variants=variants, max_seq_len=args.max_seq_len,
-            eval_batches=batches, qa_defaults=qa or None, name=args.name, opset=args.opset,
-            overwrite=args.overwrite, log=log,
+            args.checkpoint_dir,
+            args.out_dir,
+            variants=variants,
+            max_seq_len=args.max_seq_len,
+            eval_batches=batches,
+            qa_defaults=qa or None,
+            name=args.name,
+            opset=args.opset,
+            overwrite=args.overwrite,
+            log=log,
         )
     except (ExportError, VerificationError, BundleError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -96,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{out}: task={manifest.task} name={manifest.name} max_seq_len={manifest.max_seq_len}")
     for name, info in manifest.variants.items():
         check = manifest.verification.get(name, {})
-        print(f"  {name:6s} {info.file:20s} {info.bytes / 1e6:8.1f} MB  "
-              f"{info.precision}/{info.intended_device:5s} max|diff| vs torch "
-              f"{check.get('max_abs_diff', float('nan')):.2e}")
+        print(
+            f"  {name:6s} {info.file:20s} {info.bytes / 1e6:8.1f} MB  "
+            f"{info.precision}/{info.intended_device:5s} max|diff| vs torch "
+            f"{check.get('max_abs_diff', float('nan')):.2e}"
+        )
     return 0
 
 

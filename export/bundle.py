@@ -52,6 +52,9 @@ class VariantInfo:
     bytes: int
     precision: str  # "fp32" | "fp16" | "int8"
     intended_device: str  # "cpu" | "cuda" | "any"
+    # onnxruntime graph optimizers to turn off when loading this file (InferenceSession's
+    # disabled_optimizers), e.g. a fusion that would undo a deliberate choice made at export.
+    disabled_optimizers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -131,8 +134,17 @@ def manifest_from_dict(data: dict[str, Any], where: str = MANIFEST_NAME) -> Bund
     if not isinstance(data, dict):
         raise BundleError(f"{where}: expected a JSON object, got {type(data).__name__}")
     required = (
-        "format_version", "task", "name", "labels", "problem_type", "max_seq_len", "do_lower_case",
-        "inputs", "outputs", "variants", "tokenizer_files",
+        "format_version",
+        "task",
+        "name",
+        "labels",
+        "problem_type",
+        "max_seq_len",
+        "do_lower_case",
+        "inputs",
+        "outputs",
+        "variants",
+        "tokenizer_files",
     )
     _require(data, required, where)
     if not isinstance(data["format_version"], int) or data["format_version"] > FORMAT_VERSION:
@@ -147,15 +159,19 @@ def manifest_from_dict(data: dict[str, Any], where: str = MANIFEST_NAME) -> Bund
     if not data["variants"]:
         raise BundleError(f"{where}: no variants listed")
     variants = {}
+    required = ("file", "sha256", "bytes", "precision", "intended_device")
     for name, info in data["variants"].items():
-        _require(info, tuple(VariantInfo.__dataclass_fields__), f"{where}: variant {name!r}")
+        _require(info, required, f"{where}: variant {name!r}")
+        disabled = info.get("disabled_optimizers", [])
+        if not isinstance(disabled, list) or not all(isinstance(x, str) for x in disabled):
+            raise BundleError(f"{where}: variant {name!r} disabled_optimizers must be a list of names")
         _check_file_name(info["file"], f"variant {name!r}")
         if info["precision"] not in PRECISIONS or info["intended_device"] not in DEVICES:
             raise BundleError(
                 f"{where}: variant {name!r} has precision {info['precision']!r} / device "
                 f"{info['intended_device']!r}; expected {PRECISIONS} / {DEVICES}"
             )
-        variants[name] = VariantInfo(**{k: info[k] for k in VariantInfo.__dataclass_fields__})
+        variants[name] = VariantInfo(**{k: info[k] for k in required}, disabled_optimizers=disabled)
     tokenizer_files = {}
     for fname, info in data["tokenizer_files"].items():
         _check_file_name(fname, "tokenizer")

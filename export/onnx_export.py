@@ -59,8 +59,9 @@ def load_head(checkpoint_dir: str | Path) -> tuple[nn.Module, BertConfig]:
     return model.eval(), config
 
 
-def example_inputs(task: str, batch: int, seq: int, vocab_size: int, choices: int = 1,
-                   seed: int = 0) -> dict[str, Tensor]:
+def example_inputs(
+    task: str, batch: int, seq: int, vocab_size: int, choices: int = 1, seed: int = 0
+) -> dict[str, Tensor]:
     shape = (batch, choices, seq) if task == "multiple-choice" else (batch, seq)
     gen = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(1, vocab_size, shape, generator=gen)

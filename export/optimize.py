@@ -43,25 +43,42 @@ def _reason(op: str, leftovers: Counter, log_lines: list[str]) -> str:
     """Best explanation we can give for a fusion that fired fewer times than expected."""
     hints = [line for line in log_lines if op.lower().replace("normalization", "") in line.lower()]
     if op == "Attention" and leftovers["Softmax"]:
-        reason = (f"{leftovers['Softmax']} Softmax node(s) remain: the Q/K/V MatMul -> Reshape -> "
-                  "Transpose -> MatMul -> Div -> Add(mask) -> Softmax pattern was not matched")
+        reason = (
+            f"{leftovers['Softmax']} Softmax node(s) remain: the Q/K/V MatMul -> Reshape -> "
+            "Transpose -> MatMul -> Div -> Add(mask) -> Softmax pattern was not matched"
+        )
     elif op == "BiasGelu" and leftovers["Erf"]:
         reason = f"{leftovers['Erf']} Erf node(s) remain: the erf-Gelu x*0.5*(1+erf(x/sqrt2)) was not matched"
     elif op in ("SkipLayerNormalization", "EmbedLayerNormalization") and leftovers["LayerNormalization"]:
-        reason = (f"{leftovers['LayerNormalization']} plain LayerNormalization node(s) remain: the residual "
-                  "Add (or the word+position+segment embedding sum) in front was not matched")
+        reason = (
+            f"{leftovers['LayerNormalization']} plain LayerNormalization node(s) remain: the residual "
+            "Add (or the word+position+segment embedding sum) in front was not matched"
+        )
     else:
         reason = "pattern not matched by onnxruntime.transformers"
     return reason + (f" (optimizer log: {' | '.join(hints[-3:])})" if hints else "")
 
 
-def fuse(src: Path, dst: Path, config: BertConfig) -> dict[str, Any]:
-    """Write the fused graph to `dst` and return the fusion report."""
+# onnxruntime 1.31's CPU SkipLayerNormalization kernel took 219 us on a 128 x 384 input where
+# Add + LayerNormalization took 30 us (one thread; benchmarks/results/ort_kernels.md): the int8
+# MiniLM ran 16-21% faster without it. The CPU-only int8 variant therefore keeps them apart, and its sessions must
+# not let onnxruntime fuse them back at load time.
+SKIP_LAYER_NORM_NOTE = (
+    "residual Add + LayerNormalization left unfused: onnxruntime's CPU SkipLayerNormalization kernel "
+    "is several times slower (benchmarks/ort_kernels.py)"
+)
+CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
+
+
+def fuse(src: Path, dst: Path, config: BertConfig, skip_layer_norm: bool = True) -> dict[str, Any]:
+    """Write the fused graph to `dst` and return the fusion report. `skip_layer_norm=False` keeps
+    residual Add + LayerNormalization unfused (see SKIP_LAYER_NORM_NOTE)."""
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     options = FusionOptions("bert")
     options.attention_mask_format = AttentionMaskFormat.AttentionMask
+    options.enable_skip_layer_norm = skip_layer_norm
     collector = _Collect()
     ort_logger = logging.getLogger("onnxruntime.transformers")
     old_level, old_propagate = ort_logger.level, ort_logger.propagate
@@ -70,8 +87,12 @@ def fuse(src: Path, dst: Path, config: BertConfig) -> dict[str, Any]:
     ort_logger.propagate = False  # collected into the report, not printed
     try:
         optimized = optimize_model(
-            str(src), model_type="bert", num_heads=config.num_attention_heads,
-            hidden_size=config.hidden_size, optimization_options=options, opt_level=1,
+            str(src),
+            model_type="bert",
+            num_heads=config.num_attention_heads,
+            hidden_size=config.hidden_size,
+            optimization_options=options,
+            opt_level=1,
         )
     finally:
         ort_logger.removeHandler(collector)
@@ -82,6 +103,8 @@ def fuse(src: Path, dst: Path, config: BertConfig) -> dict[str, Any]:
     ops = Counter(node.op_type for node in onnx.load(str(dst)).graph.node)
     leftovers = Counter({op: ops[op] for op in _LEFTOVER_OPS if ops.get(op)})
     expected = expected_fusions(config)
+    if not skip_layer_norm:
+        expected.pop("SkipLayerNormalization", None)
     missing = {
         op: {
             "expected": n,
@@ -115,5 +138,8 @@ def to_fp16(src: Path, dst: Path) -> dict[str, Any]:
     model.convert_float_to_float16(keep_io_types=True)
     model.save_model_to_file(str(dst))
     onnx.checker.check_model(str(dst), full_check=True)
-    return {"source": src.name, "tool": "onnxruntime.transformers float16 (keep_io_types=True)",
-            "onnx_checker": "passed"}
+    return {
+        "source": src.name,
+        "tool": "onnxruntime.transformers float16 (keep_io_types=True)",
+        "onnx_checker": "passed",
+    }

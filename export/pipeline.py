@@ -41,7 +41,10 @@ from .verify import (
 
 VARIANTS = ("fp32", "fused", "int8", "fp16")
 FILES = {
-    "fp32": "model.onnx", "fused": "model_fused.onnx", "int8": "model_int8.onnx", "fp16": "model_fp16.onnx",
+    "fp32": "model.onnx",
+    "fused": "model_fused.onnx",
+    "int8": "model_int8.onnx",
+    "fp16": "model_fp16.onnx",
 }
 PRECISION = {"fp32": "fp32", "fused": "fp32", "int8": "int8", "fp16": "fp16"}
 DEVICE = {"fp32": "any", "fused": "any", "int8": "cpu", "fp16": "cuda"}
@@ -203,7 +206,13 @@ def export_bundle(
             inputs=task_io(task, config.num_labels)[0],
             outputs=task_io(task, config.num_labels)[1],
             variants={
-                v: VariantInfo(FILES[v], *_hash(run.paths[v]), PRECISION[v], DEVICE[v])
+                v: VariantInfo(
+                    FILES[v],
+                    *_hash(run.paths[v]),
+                    PRECISION[v],
+                    DEVICE[v],
+                    run.disabled_optimizers.get(v, []),
+                )
                 for v in VARIANTS
                 if v in run.wanted
             },
@@ -243,6 +252,7 @@ class _Run:
         self.optimization: dict[str, Any] = {}
         self.quantization: dict[str, Any] = {}
         self.base = "fp32"  # the graph int8 / fp16 start from
+        self.disabled_optimizers: dict[str, list[str]] = {}  # per variant, for its sessions
 
     def fp32(self, model, opset: int, max_seq_len: int) -> None:
         self.log(f"exporting {self.task} head to ONNX (opset {opset}, TorchScript exporter)")
@@ -257,7 +267,10 @@ class _Run:
         self.log(f"fp32 parity ok: max abs diff {worst:.2e} over {len(self.cases)} shapes")
 
     def _compare(self, variant: str, tolerance: float | None) -> dict[str, Any]:
-        return compare_variant(self.task, self.paths[variant], self.cases, self.references, tolerance)
+        disabled = self.disabled_optimizers.get(variant, [])
+        return compare_variant(
+            self.task, self.paths[variant], self.cases, self.references, tolerance, disabled
+        )
 
     def fused(self) -> None:
         self.log("fusing transformer subgraphs (onnxruntime.transformers.optimizer)")
@@ -274,12 +287,29 @@ class _Run:
             self.log(f"fusion failed, using the fp32 graph for int8/fp16: {e}")
             return
         self.base = "fused"
-        self.log(f"fused: {self.optimization['fused_operator_counts']}; max abs diff "
-                 f"{self.verification['fused']['max_abs_diff']:.2e}")
+        self.log(
+            f"fused: {self.optimization['fused_operator_counts']}; max abs diff "
+            f"{self.verification['fused']['max_abs_diff']:.2e}"
+        )
 
     def int8(self, eval_batches, metric_fn, max_seq_len: int) -> None:
+        graph = self.paths[self.base]
+        cpu_graph = None
+        if self.base == "fused":
+            # The int8 graph runs on CPU only: fused as usual but for SkipLayerNormalization.
+            graph = cpu_graph = self.paths["int8"].with_name("int8_source.onnx")
+            cpu_graph_report = optimize.fuse(self.paths["fp32"], graph, self.config, skip_layer_norm=False)
+            self.disabled_optimizers["int8"] = list(optimize.CPU_DISABLED_OPTIMIZERS)
         self.log(f"int8 dynamic quantization of the {self.base} graph")
-        self.quantization = quantize.quantize_int8(self.paths[self.base], self.paths["int8"])
+        self.quantization = quantize.quantize_int8(graph, self.paths["int8"])
+        if cpu_graph is not None:
+            cpu_graph.unlink()
+            self.quantization["source"] = f"{FILES['fused']} without SkipLayerNormalization"
+            self.quantization["source_graph"] = {
+                "fused_operator_counts": cpu_graph_report["fused_operator_counts"],
+                "note": optimize.SKIP_LAYER_NORM_NOTE,
+                "disabled_optimizers": self.disabled_optimizers["int8"],
+            }
         # Shape coverage for int8 too; its accuracy is judged on eval features below.
         self.verification["int8"] = self._compare("int8", None)
         self.verification["int8"]["note"] = "informational: int8 accuracy is in the quantization report"
@@ -288,11 +318,21 @@ class _Run:
         else:
             source = "random tokens (no eval_batches given)"
             batches = random_eval_batches(self.task, self.config.vocab_size, max_seq_len)
-        acc = quantize.measure(self.task, self.paths["fp32"], self.paths["int8"], batches, source, metric_fn)
+        acc = quantize.measure(
+            self.task,
+            self.paths["fp32"],
+            self.paths["int8"],
+            batches,
+            source,
+            metric_fn,
+            self.disabled_optimizers.get("int8"),
+        )
         self.quantization["accuracy_vs_fp32"] = acc
         rate = "n/a" if acc["argmax_agreement"] is None else f"{acc['argmax_agreement']:.1%}"
-        self.log(f"int8 vs fp32 on {source}: argmax agreement {rate} of {acc['decisions_compared']} "
-                 f"decisions, max |diff| {acc['max_abs_diff']:.3g}, mean {acc['mean_abs_diff']:.3g}")
+        self.log(
+            f"int8 vs fp32 on {source}: argmax agreement {rate} of {acc['decisions_compared']} "
+            f"decisions, max |diff| {acc['max_abs_diff']:.3g}, mean {acc['mean_abs_diff']:.3g}"
+        )
 
     def fp16(self) -> None:
         self.log(f"fp16 conversion of the {self.base} graph")

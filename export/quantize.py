@@ -39,7 +39,10 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
         root.addHandler(logging.NullHandler())
     try:
         quantize_dynamic(
-            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
+            str(src),
+            str(dst),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     finally:
@@ -110,15 +113,25 @@ def agreement(task: str, ref: list[dict], got: list[dict], batches: list[dict]) 
     }
 
 
-def measure(task: str, fp32_path: Path, int8_path: Path, batches: list[dict[str, np.ndarray]],
-            source: str, metric_fn: MetricFn | None = None) -> dict[str, Any]:
+def measure(
+    task: str,
+    fp32_path: Path,
+    int8_path: Path,
+    batches: list[dict[str, np.ndarray]],
+    source: str,
+    metric_fn: MetricFn | None = None,
+    disabled_optimizers: list[str] | None = None,
+) -> dict[str, Any]:
     """Compare the int8 graph against the fp32 graph on `batches`."""
     fp32 = make_session(fp32_path)
-    int8 = make_session(int8_path)
+    int8 = make_session(int8_path, disabled_optimizers=disabled_optimizers or ())
     ref = [run_session(fp32, b) for b in batches]
     got = [run_session(int8, b) for b in batches]
-    report = {"eval_features": source, "batches": len(batches),
-              "examples": int(sum(b["input_ids"].shape[0] for b in batches))}
+    report = {
+        "eval_features": source,
+        "batches": len(batches),
+        "examples": int(sum(b["input_ids"].shape[0] for b in batches)),
+    }
     report.update(agreement(task, ref, got, batches))
     if metric_fn is not None:
         report["task_metric"] = metric_difference(metric_fn, ref, got)

@@ -9,6 +9,7 @@ meaning and the fused attention kernel is free to compute them differently.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,14 @@ class Case:
     feeds: dict[str, np.ndarray]
 
 
-def _batch(task: str, lengths: list[list[int]] | list[int], seq: int, vocab_size: int,
-           rng: np.random.Generator, second_segment: bool = False) -> dict[str, np.ndarray]:
+def _batch(
+    task: str,
+    lengths: list[list[int]] | list[int],
+    seq: int,
+    vocab_size: int,
+    rng: np.random.Generator,
+    second_segment: bool = False,
+) -> dict[str, np.ndarray]:
     """Right-padded random-token features; `lengths` is [batch] or [batch][choices]."""
     lengths_arr = np.asarray(lengths)
     if task == "multiple-choice" and lengths_arr.ndim == 1:
@@ -74,8 +81,9 @@ def verification_cases(task: str, vocab_size: int, max_seq_len: int, seed: int =
     ]
 
 
-def random_eval_batches(task: str, vocab_size: int, max_seq_len: int, n_batches: int = 8,
-                        batch_size: int = 16, seed: int = 1) -> list[dict[str, np.ndarray]]:
+def random_eval_batches(
+    task: str, vocab_size: int, max_seq_len: int, n_batches: int = 8, batch_size: int = 16, seed: int = 1
+) -> list[dict[str, np.ndarray]]:
     """Stand-in evaluation features (random tokens, mixed lengths) when the caller gives none."""
     rng = np.random.default_rng(seed)
     seq = min(max_seq_len, 64)
@@ -96,8 +104,9 @@ def valid(task: str, output: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return output[mask.astype(bool)] if token_level(task) else output
 
 
-def max_abs_diff(task: str, ref: dict[str, np.ndarray], got: dict[str, np.ndarray],
-                 mask: np.ndarray) -> dict[str, float]:
+def max_abs_diff(
+    task: str, ref: dict[str, np.ndarray], got: dict[str, np.ndarray], mask: np.ndarray
+) -> dict[str, float]:
     diffs = {}
     for name, expected in ref.items():
         if got[name].shape != expected.shape:
@@ -107,13 +116,14 @@ def max_abs_diff(task: str, ref: dict[str, np.ndarray], got: dict[str, np.ndarra
     return diffs
 
 
-def make_session(path: Path, threads: int = 0):
+def make_session(path: Path, threads: int = 0, disabled_optimizers: Sequence[str] = ()):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"], **extra)
 
 
 def run_session(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -130,13 +140,19 @@ def run_torch(wrapper, output_names: list[str], feeds: dict[str, np.ndarray]) ->
     return {name: t.float().numpy() for name, t in zip(output_names, out, strict=True)}
 
 
-def compare_variant(task: str, path: Path, cases: list[Case], references: list[dict[str, np.ndarray]],
-                    tolerance: float | None) -> dict[str, Any]:
+def compare_variant(
+    task: str,
+    path: Path,
+    cases: list[Case],
+    references: list[dict[str, np.ndarray]],
+    tolerance: float | None,
+    disabled_optimizers: Sequence[str] = (),
+) -> dict[str, Any]:
     """Run `path` on every case and report the worst difference against the references.
 
     `tolerance=None` records the differences without judging them (passed is None).
     """
-    session = make_session(path)
+    session = make_session(path, disabled_optimizers=disabled_optimizers)
     rows, worst = [], 0.0
     for case, ref in zip(cases, references, strict=True):
         got = run_session(session, case.feeds)

@@ -125,13 +125,13 @@ async def test_cuda_session_that_falls_back_fails_the_bundle(make_models_dir, mo
     )
     real_create = runtime_module.create_runtime
 
-    def cpu_only_session(path, device, threads, spinning=True, session_factory=None):
+    def cpu_only_session(path, device, threads, spinning=True, session_factory=None, **kwargs):
         import onnxruntime as ort
 
         def factory(p, sess_options=None, providers=None):
             return ort.InferenceSession(p, sess_options=sess_options, providers=["CPUExecutionProvider"])
 
-        return real_create(path, device, threads, spinning, session_factory=factory)
+        return real_create(path, device, threads, spinning, session_factory=factory, **kwargs)
 
     monkeypatch.setattr(registry_module, "create_runtime", cpu_only_session)
     async with serving(make_models_dir(("classify",)), ready=False, device="cuda") as (_, client):

@@ -124,6 +124,10 @@ def _edit_manifest(bundle: Path, edit) -> None:
         (lambda d: d["variants"]["fp32"].update(file="../model.onnx"), "plain file name"),
         (lambda d: d["variants"]["int8"].update(precision="int4"), "precision 'int4'"),
         (lambda d: d.update(variants={}), "no variants"),
+        (
+            lambda d: d["variants"]["int8"].update(disabled_optimizers="all"),
+            "disabled_optimizers must be a list",
+        ),
     ],
 )
 def test_malformed_manifest_is_refused(bundle_copy, edit, message):
@@ -131,6 +135,13 @@ def test_malformed_manifest_is_refused(bundle_copy, edit, message):
     _edit_manifest(bundle, edit)
     with pytest.raises(BundleError, match=message):
         load_bundle_manifest(bundle)
+
+
+def test_manifest_without_disabled_optimizers_still_loads(bundle_copy):
+    """Bundles written before the key existed load with no optimizer disabled."""
+    bundle = bundle_copy("classify")
+    _edit_manifest(bundle, lambda d: [v.pop("disabled_optimizers", None) for v in d["variants"].values()])
+    assert load_bundle_manifest(bundle).variants["int8"].disabled_optimizers == []
 
 
 def test_not_a_bundle(tmp_path):

@@ -9,6 +9,8 @@ Stated tolerances (tiny random models, logits of order 1-5):
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -119,6 +121,28 @@ def test_int8_graph_within_tolerance(checkpoints, bundles, task):
 
 
 @pytest.mark.parametrize("task", TASKS)
+def test_int8_graph_keeps_layer_norm_unfused_and_says_so(bundles, task, tmp_path):
+    """CPU int8: residual Add + LayerNormalization, not the slow SkipLayerNormalization kernel; the
+    manifest tells every loader to keep onnxruntime from fusing them back."""
+    import onnxruntime as ort
+
+    manifest = load_bundle_manifest(bundles[task])
+    ops = Counter(n.op_type for n in onnx.load(str(bundles[task] / "model_int8.onnx")).graph.node)
+    assert ops["SkipLayerNormalization"] == 0 and ops["LayerNormalization"] == 4  # 2 layers x 2
+    assert ops["QAttention"] == 2 and ops["BiasGelu"] == 2  # the other fusions stay
+    disabled = manifest.variants["int8"].disabled_optimizers
+    assert disabled == ["SkipLayerNormFusion"] and manifest.variants["fused"].disabled_optimizers == []
+    assert manifest.quantization["source_graph"]["disabled_optimizers"] == disabled
+    for extra, refused in (({}, 4), ({"disabled_optimizers": disabled}, 0)):
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / "after.onnx")
+        options.log_severity_level = 3
+        ort.InferenceSession(str(bundles[task] / "model_int8.onnx"), options, **extra)
+        loaded = Counter(n.op_type for n in onnx.load(str(tmp_path / "after.onnx")).graph.node)
+        assert loaded["SkipLayerNormalization"] == refused
+
+
+@pytest.mark.parametrize("task", TASKS)
 def test_graph_interface(bundles, task):
     graph = onnx.load(str(bundles[task] / "model.onnx"))
     assert max(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) >= 17
@@ -173,4 +197,4 @@ def test_reports_in_manifest(bundles, task):
     accuracy = manifest.quantization["accuracy_vs_fp32"]
     assert accuracy["eval_features"].startswith("random tokens")
     assert accuracy["argmax_agreement"] >= INT8_MIN_AGREEMENT
-    assert manifest.quantization["source"] == "model_fused.onnx"
+    assert manifest.quantization["source"] == "model_fused.onnx without SkipLayerNormalization"

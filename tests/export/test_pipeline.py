@@ -37,7 +37,7 @@ def test_variant_subset(checkpoints, tmp_path):
     manifest = load_bundle_manifest(out)
     assert list(manifest.variants) == ["int8"]
     assert sorted(p.name for p in out.glob("*.onnx")) == ["model_int8.onnx"]
-    assert manifest.quantization["source"] == "model_fused.onnx"  # built from the fused graph
+    assert manifest.quantization["source"].startswith("model_fused.onnx")  # built from the fused graph
     verify_bundle_files(out, manifest, "int8")
 
 

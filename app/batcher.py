@@ -121,6 +121,7 @@ class Batcher:
         observer: BatchObserver | None = None,
         name: str = "model",
         concurrency: int = 1,
+        inline_tokens: int = 0,
     ):
         if max_batch_size < 1 or max_batch_tokens < 1 or max_queue < 1 or max_wait_ms < 0:
             raise ValueError("batch size, token budget and queue must be positive, max wait >= 0")
@@ -145,6 +146,10 @@ class Batcher:
         # The runtime must take `concurrency` runs at once (app.runtime.RuntimePool does).
         self.concurrency = concurrency
         self._in_flight: set[asyncio.Task] = set()
+        # A batch of at most this many padded tokens, alone in an idle model, runs on the event
+        # loop itself: a millisecond of inference, where the round trip to a worker thread and
+        # back would add a tenth of that (0 = always a worker thread).
+        self.inline_tokens = inline_tokens
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"infer-{name}")
 
     # ------------------------------------------------------------------ lifecycle
@@ -219,10 +224,17 @@ class Batcher:
             self.observer.on_rejected("cancelled", dropped)
             self.observer.on_queue_depth(len(kept))
 
-    def plan(self) -> tuple[list[WorkItem], bool]:
-        """The next batch (not yet taken from the queue) and whether a limit was reached."""
+    def plan(self, share: int = 1) -> tuple[list[WorkItem], bool]:
+        """The next batch (not yet taken from the queue) and whether a limit was reached.
+
+        With `share` idle instances, the batch takes at most its share of the compatible queued
+        items, so one request's windows (or a burst) spread over every idle instance instead of
+        queueing behind each other on one.
+        """
         anchor = self._queue[0]
         candidates = [it for it in self._queue[1:] if it.shape_key == anchor.shape_key]
+        # The share caps this batch without making it "full": a lone item may still wait for company.
+        share_cap = -(-(len(candidates) + 1) // share) if share > 1 else self.max_batch_size
         # Closest lengths first: least padding; ties go to the oldest.
         candidates.sort(key=lambda it: (abs(it.length - anchor.length), it.enqueued_at))
         selected, longest, rows, full = [anchor], anchor.length, anchor.rows, False
@@ -230,6 +242,8 @@ class Batcher:
         for item in candidates:
             if len(selected) >= self.max_batch_size:
                 full = True
+                break
+            if len(selected) >= share_cap:
                 break
             new_longest = max(longest, item.length)
             padded = new_longest * (rows + item.rows)
@@ -257,7 +271,7 @@ class Batcher:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                selected, full = self.plan()
+                selected, full = self.plan(share=self.concurrency - len(self._in_flight))
                 if not full and not self._closing:
                     delay = self._queue[0].enqueued_at + self.max_wait_s - time.perf_counter()
                     if delay > 0:
@@ -268,7 +282,13 @@ class Batcher:
                 taken = {id(it) for it in selected}
                 self._queue = [it for it in self._queue if id(it) not in taken]
                 self.observer.on_queue_depth(len(self._queue))
-                task = loop.create_task(self._run_batch(selected, loop))
+                inline = (
+                    not self._in_flight
+                    and not self._queue
+                    and max(it.length for it in selected) * sum(it.rows for it in selected)
+                    <= self.inline_tokens
+                )
+                task = loop.create_task(self._run_batch(selected, loop, inline))
                 self._in_flight.add(task)
                 task.add_done_callback(self._batch_done)
         finally:
@@ -281,13 +301,17 @@ class Batcher:
         if self._wake is not None:
             self._wake.set()
 
-    async def _run_batch(self, items: list[WorkItem], loop: asyncio.AbstractEventLoop) -> None:
+    async def _run_batch(self, items: list[WorkItem], loop: asyncio.AbstractEventLoop, inline: bool) -> None:
         batch_id = next(self._batch_ids)
         started = time.perf_counter()
         rows = sum(it.rows for it in items)
         self.observer.on_batch(len(items), rows, max(it.length for it in items) * rows)
         try:
-            outputs = await loop.run_in_executor(self._executor, self._infer, [it.payload for it in items])
+            payloads = [it.payload for it in items]
+            if inline:
+                outputs = self._infer(payloads)
+            else:
+                outputs = await loop.run_in_executor(self._executor, self._infer, payloads)
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the worker
             log.error(
                 "batch failed",

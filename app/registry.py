@@ -183,6 +183,7 @@ class Registry:
                     observer=self.metrics.observer(bundle.task),
                     name=bundle.name,
                     concurrency=instances,
+                    inline_tokens=self.settings.inline_batch_tokens if self.device == "cpu" else 0,
                 )
                 bundle.batcher.start()
                 bundle.service = self.service_factory(bundle, self.settings)

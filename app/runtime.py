@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import queue
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,9 +199,9 @@ class RuntimePool:
         if not runtimes:
             raise ValueError("a runtime pool needs at least one runtime")
         self.runtimes = runtimes
-        self._free: queue.SimpleQueue[OrtRuntime] = queue.SimpleQueue()
-        for runtime in runtimes:
-            self._free.put(runtime)
+        # Last in, first out: under light load one session (its weights and arena) stays warm.
+        self._free = list(reversed(runtimes))
+        self._returned = threading.Condition()
 
     @property
     def instances(self) -> int:
@@ -216,11 +216,16 @@ class RuntimePool:
         return self.runtimes[0].providers
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        runtime = self._free.get()
+        with self._returned:
+            while not self._free:
+                self._returned.wait()
+            runtime = self._free.pop()
         try:
             return runtime.run(inputs)
         finally:
-            self._free.put(runtime)
+            with self._returned:
+                self._free.append(runtime)
+                self._returned.notify()
 
 
 def session_options(threads: int, tuning: SessionTuning = SessionTuning()) -> Any:

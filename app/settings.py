@@ -30,6 +30,11 @@ class Settings(BaseSettings):
         description="A batch's padded tokens at most this multiple of its real tokens; 0 = off; "
         "unset = 1.1 on CPU (padding costs as much as real tokens there), off on CUDA",
     )
+    inline_batch_tokens: int = Field(
+        128,
+        ge=0,
+        description="CPU: a batch this small, alone in an idle model, runs on the event loop (no thread hop)",
+    )
     max_wait_ms: float = Field(0.0, ge=0, description="0 = continuous batching (no wait)")
     max_queue: int = Field(512, ge=1, description="Queued work items per model before 429")
     max_in_flight: int = Field(

@@ -34,7 +34,7 @@ WARMUP_RUNS = 10
 # "+mmap" fixes the threshold with app.runtime.fix_malloc_mmap_threshold, as the service does.
 MMAP = 131072
 # name -> (SessionTuning fields, malloc mmap threshold or 0). SessionTuning() is onnxruntime's default.
-CONFIGS: dict[str, tuple[dict[str, bool], int]] = {
+CONFIGS: dict[str, tuple[dict[str, bool | int], int]] = {
     "ort-defaults": ({}, 0),
     "no-mem-pattern": ({"mem_pattern": False}, 0),
     "no-mem-pattern+shrinkage": ({"mem_pattern": False, "arena_shrinkage": True}, 0),
@@ -42,6 +42,11 @@ CONFIGS: dict[str, tuple[dict[str, bool], int]] = {
     "ort-defaults+mmap": ({}, MMAP),
     "no-mem-pattern+mmap": ({"mem_pattern": False}, MMAP),
     "no-mem-pattern+shrinkage+mmap": ({"mem_pattern": False, "arena_shrinkage": True}, MMAP),
+    # Shrink only after batches of more than 1024 padded tokens: small batches reuse the arena.
+    "no-mem-pattern+shrinkage>1024+mmap": (
+        {"mem_pattern": False, "arena_shrinkage": True, "shrink_above_tokens": 1024},
+        MMAP,
+    ),
     "no-mem-pattern+no-arena+mmap": ({"mem_pattern": False, "cpu_arena": False}, MMAP),
 }
 
@@ -56,6 +61,7 @@ def service_default() -> str:
         mem_pattern=field["ort_mem_pattern"],
         cpu_arena=field["ort_cpu_arena"],
         arena_shrinkage=field["ort_arena_shrinkage"],
+        shrink_above_tokens=field["ort_shrink_above_tokens"],
     )
     for name, (tuning, mmap) in CONFIGS.items():
         if SessionTuning(**tuning) == wanted and mmap == field["malloc_mmap_threshold"]:

@@ -32,6 +32,7 @@ class Recorder:
 
     def run(self, inputs):
         with self.shared["lock"]:
+            self.shared.setdefault("sizes", []).append(len(inputs["x"]))
             self.shared["now"] += 1
             self.shared["peak"] = max(self.shared["peak"], self.shared["now"])
         self.release.wait(5)
@@ -77,6 +78,21 @@ async def test_batcher_runs_up_to_concurrency_batches_at_once(concurrency):
     results = await asyncio.gather(*futures)
     assert [float(r.outputs["logits"][0]) for r in results] == [0.0, 1.0, 2.0, 3.0]  # each its own row
     assert state["peak"] == concurrency
+    await batcher.stop()
+
+
+async def test_queued_work_is_shared_between_idle_instances():
+    """One request's windows spread over the idle instances instead of one big batch."""
+    state, release = overlap_state(), threading.Event()
+    pool = RuntimePool([Recorder(state, release) for _ in range(2)])  # type: ignore[list-item]
+    batcher = Batcher(pool, collate, max_batch_size=32, max_wait_ms=0, concurrency=2)
+    batcher.start()
+    futures = batcher.submit([WorkItem(payload=n, length=5) for n in range(5)])
+    await asyncio.sleep(0.2)
+    assert state["now"] == 2 and sorted(state["sizes"]) == [2, 3]  # 5 items: 3 + 2, both busy
+    release.set()
+    results = await asyncio.gather(*futures)
+    assert [float(r.outputs["logits"][0]) for r in results] == [0.0, 1.0, 2.0, 3.0, 4.0]
     await batcher.stop()
 
 
@@ -151,3 +167,29 @@ async def test_two_instances_serve_every_endpoint_with_the_same_answers(models_d
     for (path, _), expected, response in zip(requests, alone, responses, strict=True):
         assert response.status_code == 200, (path, response.text)
         assert_same(expected, response.json(), path)
+
+
+class ThreadRecorder:
+    def __init__(self):
+        self.threads: list[int] = []
+
+    def run(self, inputs):
+        self.threads.append(threading.get_ident())
+        return {"logits": inputs["x"].astype(np.float32)}
+
+
+async def test_small_batch_in_an_idle_model_runs_on_the_event_loop():
+    runtime, loop_thread = ThreadRecorder(), threading.get_ident()
+    batcher = Batcher(runtime, collate, max_wait_ms=0, inline_tokens=16)
+    batcher.start()
+    await asyncio.gather(*batcher.submit([WorkItem(payload=1, length=16)]))  # 16 tokens: inline
+    await asyncio.gather(*batcher.submit([WorkItem(payload=1, length=17)]))  # 17: worker thread
+    await asyncio.gather(*batcher.submit([WorkItem(payload=1, length=9), WorkItem(payload=2, length=9)]))
+    assert runtime.threads[0] == loop_thread
+    assert runtime.threads[1] != loop_thread and runtime.threads[2] != loop_thread  # 2 x 9 = 18 > 16
+    never = Batcher(runtime, collate, max_wait_ms=0)  # inline_tokens=0: always a worker thread
+    never.start()
+    await asyncio.gather(*never.submit([WorkItem(payload=1, length=1)]))
+    assert runtime.threads[3] != loop_thread
+    await batcher.stop()
+    await never.stop()

@@ -107,6 +107,7 @@ def gate(app, task: str) -> GatedRuntime:
     batcher = bundle_of(app, task).batcher
     gated = GatedRuntime(batcher.runtime)
     batcher.runtime = gated
+    batcher.inline_tokens = 0  # a held batch must hold a worker thread, not the event loop
     return gated
 
 

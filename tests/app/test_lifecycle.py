@@ -157,6 +157,7 @@ async def test_shutdown_turns_readiness_off_and_finishes_in_flight(models_dir):
                 return inner.run(inputs)
 
         batcher.runtime = Gated()
+        batcher.inline_tokens = 0  # held in a worker thread, so the event loop keeps answering
         in_flight = asyncio.create_task(client.post("/classify", json={"text": "still served"}))
         while not entered.is_set():
             await asyncio.sleep(0.005)

@@ -174,7 +174,6 @@ async def models(request: Request) -> ModelsResponse:
     settings = state.settings
     limits = {
         "max_batch_size": settings.max_batch_size,
-        "max_batch_tokens": settings.max_batch_tokens,
         "max_wait_ms": settings.max_wait_ms,
         "max_queue": settings.max_queue,
         "max_in_flight": settings.max_in_flight,
@@ -187,7 +186,13 @@ async def models(request: Request) -> ModelsResponse:
     }
     out = []
     for bundle in state.registry.bundles:
-        manifest, runtime = bundle.manifest, bundle.runtime
+        manifest, runtime, batcher = bundle.manifest, bundle.runtime, bundle.batcher
+        # The limits in force, device-dependent defaults resolved.
+        resolved = (
+            {"max_batch_tokens": batcher.max_batch_tokens, "max_padding_factor": batcher.max_padding_factor}
+            if batcher is not None
+            else {}
+        )
         out.append(
             ModelInfo(
                 name=bundle.name,
@@ -208,7 +213,7 @@ async def models(request: Request) -> ModelsResponse:
                 instances=bundle.instances,
                 max_seq_len=manifest.max_seq_len if manifest else None,
                 qa_defaults=manifest.qa_defaults if manifest and manifest.task == "qa" else None,
-                limits=limits,
+                limits={**limits, **resolved},
                 load_seconds=bundle.load_seconds,
             )
         )

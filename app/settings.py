@@ -23,7 +23,9 @@ class Settings(BaseSettings):
         0, ge=0, description="Sessions per model running batches side by side; 0 = auto (see app/runtime.py)"
     )
     max_batch_size: int = Field(32, ge=1)
-    max_batch_tokens: int = Field(8192, ge=1, description="Padded tokens per batch: longest x rows")
+    max_batch_tokens: int | None = Field(
+        None, ge=1, description="Padded tokens per batch (longest x rows); unset = 1024 on CPU, 8192 on CUDA"
+    )
     max_padding_factor: float | None = Field(
         None,
         ge=0,

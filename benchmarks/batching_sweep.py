@@ -8,7 +8,7 @@ overrides, warms up, then runs the closed-loop load generator at each concurrenc
 throughput and latency it reads the batcher's own histograms from /metrics: the mean batch size
 and the padded tokens per request, which explain the throughput. The defaults in app/runtime.py
 (CPU_PADDING_FACTOR, resolve_instances) were chosen from this table.
-Writes benchmarks/results/batching_sweep.{json,md,png}.
+Writes benchmarks/results/batching_sweep.{json,md,png} (batching_sweep_<endpoint>.* for others).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ DEFAULT_SETTINGS = {
     "1-instance-all-threads": "MODEL_INSTANCES=1",
     "2-instances-2-threads": "MODEL_INSTANCES=2 INTRA_OP_THREADS=2",
     "wait-2ms": "MAX_WAIT_MS=2",
+    "tokens-8192": "MAX_BATCH_TOKENS=8192",
+    "no-inline": "INLINE_BATCH_TOKENS=0",
 }
 
 
@@ -57,7 +59,7 @@ def metric_sum(text: str, name: str) -> float:
 def one_setting(name: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
-    models_dir = args.work_dir / "models-dir"
+    models_dir = args.work_dir / f"models-dir-{args.endpoint}"
     models_dir.mkdir(parents=True, exist_ok=True)
     link = models_dir / args.bundle.name
     if not link.exists():
@@ -158,7 +160,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", type=Path, default=common.default_bundle("classify"))
+    p.add_argument("--bundle", type=Path, help="default: the endpoint's default bundle")
     p.add_argument("--endpoint", default="classify", choices=("classify", "qa", "ner", "multiple-choice"))
     p.add_argument("--settings", help="'name=ENV=V ENV2=V;name2=ENV=V' (default: the built-in sweep)")
     p.add_argument("--concurrency", default="1,32", help="comma list")
@@ -169,9 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=common.RESULTS)
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    common.require_bundle(
-        args.bundle, args.endpoint if args.endpoint != "multiple-choice" else "multiple-choice"
-    )
+    args.bundle = args.bundle or common.default_bundle(args.endpoint)
+    common.require_bundle(args.bundle, args.endpoint)
     settings = parse_settings(args.settings)
     report: dict[str, Any] = {
         "created_at": common.now(),
@@ -191,9 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, env in settings.items():
         report["results"][name] = one_setting(name, env, args)
     report["wall_s"] = round(time.perf_counter() - started, 1)
-    common.write_results(
-        args.out, "batching_sweep", report, markdown(report), lambda path: plot(report, path)
+    stem = (
+        "batching_sweep"
+        if args.endpoint == "classify"
+        else f"batching_sweep_{args.endpoint.replace('-', '_')}"
     )
+    common.write_results(args.out, stem, report, markdown(report), lambda path: plot(report, path))
     return 0
 
 

@@ -21,7 +21,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make the repository packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.runtime import create_runtime
+from app.runtime import CPU_BATCH_TOKENS, create_runtime
 from app.settings import available_cores
 from export.bundle import DEFAULT_QA, load_bundle_manifest
 from processing import classify as classify_proc
@@ -29,9 +29,9 @@ from processing import qa as qa_proc
 from processing.padding import pad_batch
 from processing.tokenizer import Encoding, TextTokenizer
 
-# The service's batching limits (app/settings.py defaults).
+# The service's batching limits on a CPU (app/settings.py and app/runtime.py defaults).
 MAX_BATCH_SIZE = 32
-MAX_BATCH_TOKENS = 8192
+MAX_BATCH_TOKENS = CPU_BATCH_TOKENS
 WINDOW_OVERLAP = 32
 
 

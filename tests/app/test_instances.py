@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from app.batcher import Batcher, WorkItem
-from app.runtime import OrtRuntime, RuntimePool, resolve_instances
+from app.runtime import (
+    OrtRuntime,
+    RuntimePool,
+    resolve_batch_tokens,
+    resolve_instances,
+    resolve_padding_factor,
+)
 from app.services import INLINE_CHARS, cpu_step
 from tests.app.conftest import bundle_of, serving
 from tests.app.test_batching import assert_same, mixed_requests
@@ -22,6 +28,22 @@ def test_resolve_instances():
     assert resolve_instances(0, "cpu", n_models=2, cores=16) == 8
     assert resolve_instances(0, "cuda", n_models=1, cores=16) == 1
     assert resolve_instances(3, "cpu", n_models=4, cores=2) == 3  # explicit MODEL_INSTANCES wins
+
+
+def test_batching_limits_follow_the_device_unless_set():
+    assert resolve_batch_tokens(None, "cpu") == 1024 and resolve_batch_tokens(None, "cuda") == 8192
+    assert resolve_batch_tokens(300, "cuda") == 300
+    assert resolve_padding_factor(None, "cpu") == 1.1 and resolve_padding_factor(None, "cuda") == 0.0
+    assert resolve_padding_factor(0, "cpu") == 0 and resolve_padding_factor(2.0, "cuda") == 2.0
+
+
+async def test_models_reports_the_limits_in_force(models_dir):
+    async with serving(models_dir) as (_, client):
+        limits = (await client.get("/models")).json()["models"][0]["limits"]
+        assert (limits["max_batch_tokens"], limits["max_padding_factor"]) == (1024, 1.1)
+    async with serving(models_dir, max_batch_tokens=300, max_padding_factor=0) as (_, client):
+        limits = (await client.get("/models")).json()["models"][0]["limits"]
+        assert (limits["max_batch_tokens"], limits["max_padding_factor"]) == (300, 0)
 
 
 class Recorder:

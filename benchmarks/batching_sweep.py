@@ -38,6 +38,7 @@ DEFAULT_SETTINGS = {
     "wait-2ms": "MAX_WAIT_MS=2",
     "tokens-8192": "MAX_BATCH_TOKENS=8192",
     "no-inline": "INLINE_BATCH_TOKENS=0",
+    "shrink-every-run": "ORT_SHRINK_ABOVE_TOKENS=0",
 }
 
 

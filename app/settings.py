@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Literal
@@ -115,9 +116,30 @@ def parse_default_bundles(value: str) -> dict[str, str]:
     return out
 
 
-def available_cores() -> int:
-    """Cores this process may run on (respects CPU affinity, e.g. taskset or cpusets)."""
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max <period>"
+
+
+def cgroup_cpu_limit(path: Path = CGROUP_CPU_MAX) -> int | None:
+    """Whole CPUs a cgroup v2 quota allows (Docker `--cpus`, Kubernetes `limits.cpu`), rounded
+    up; None without a quota."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        quota, period = path.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def available_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """Cores this process may use: its CPU affinity (taskset, cpusets), capped by a cgroup CPU
+    quota, which a container's affinity does not show."""
+    try:
+        cores = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    limit = cgroup_cpu_limit(cpu_max)
+    return min(cores, limit) if limit else cores

@@ -215,3 +215,34 @@ async def test_small_batch_in_an_idle_model_runs_on_the_event_loop():
     assert runtime.threads[3] != loop_thread
     await batcher.stop()
     await never.stop()
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("200000 100000\n", 2),
+        ("150000 100000\n", 2),
+        ("50000 100000\n", 1),
+        ("max 100000\n", None),
+        ("", None),
+    ],
+)
+def test_cgroup_cpu_quota_is_read(tmp_path, content, expected):
+    from app.settings import cgroup_cpu_limit
+
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text(content)
+    assert cgroup_cpu_limit(cpu_max) == expected
+    assert cgroup_cpu_limit(tmp_path / "absent") is None
+
+
+def test_available_cores_are_capped_by_the_quota(tmp_path):
+    import os
+
+    from app.settings import available_cores
+
+    affinity = len(os.sched_getaffinity(0))
+    (tmp_path / "cpu.max").write_text("100000 100000\n")  # one CPU's worth
+    assert available_cores(tmp_path / "cpu.max") == 1
+    (tmp_path / "cpu.max").write_text(f"{100000 * (affinity + 4)} 100000\n")  # more than we may run on
+    assert available_cores(tmp_path / "cpu.max") == affinity

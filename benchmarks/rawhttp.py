@@ -21,6 +21,10 @@ class HTTPError(Exception):
     """The connection failed or the server broke the protocol."""
 
 
+class _ClosedIdle(Exception):
+    """A kept-alive connection was closed by the server before it answered anything."""
+
+
 @dataclass
 class RawResponse:
     status: int
@@ -92,19 +96,47 @@ class ConnectionPool:
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
 
     async def request(self, raw: bytes, timeout_s: float = 30.0) -> RawResponse:
-        """Send pre-encoded bytes. Raises TimeoutError, or HTTPError for a broken exchange."""
-        if self.idle:
+        """Send pre-encoded bytes. Raises TimeoutError, or HTTPError for a broken exchange.
+
+        An idle connection the server has closed (its keep-alive timeout) is dropped, and a reused
+        one that closes before answering a single byte is retried once on a new connection, as
+        httpx and browsers do: the server closed it idle, so it never saw the request.
+        """
+        while self.idle:
             reader, writer = self.idle.pop()
-        else:
+            if reader.at_eof() or writer.is_closing():
+                writer.close()
+                continue
             try:
-                reader, writer = await asyncio.open_connection(self.host, self.port)
-            except OSError as e:
-                raise HTTPError(f"cannot connect: {e}") from e
+                return await self._exchange(reader, writer, raw, timeout_s, reused=True)
+            except _ClosedIdle:
+                continue
+        try:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+        except OSError as e:
+            raise HTTPError(f"cannot connect: {e}") from e
+        return await self._exchange(reader, writer, raw, timeout_s, reused=False)
+
+    async def _exchange(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        raw: bytes,
+        timeout_s: float,
+        reused: bool,
+    ) -> RawResponse:
         try:
             writer.write(raw)
             response = await asyncio.wait_for(read_response(reader), timeout_s)
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+        except asyncio.IncompleteReadError as e:
             writer.close()
+            if reused and not e.partial:
+                raise _ClosedIdle from e
+            raise HTTPError(f"connection closed mid-response: {e}") from e
+        except (OSError, asyncio.LimitOverrunError, ValueError) as e:
+            writer.close()
+            if reused and isinstance(e, ConnectionResetError):
+                raise _ClosedIdle from e
             raise HTTPError(f"{type(e).__name__}: {e}") from e
         except BaseException:
             writer.close()

@@ -98,6 +98,11 @@ class WorkItem:
     enqueued_at: float = 0.0
 
 
+def padded_tokens(items: Sequence[WorkItem]) -> int:
+    """What a batch of `items` costs: its longest sequence times its rows."""
+    return max(it.length for it in items) * sum(it.rows for it in items)
+
+
 @dataclass
 class ItemResult:
     outputs: dict[str, np.ndarray]  # this item's row of every output
@@ -283,10 +288,7 @@ class Batcher:
                 self._queue = [it for it in self._queue if id(it) not in taken]
                 self.observer.on_queue_depth(len(self._queue))
                 inline = (
-                    not self._in_flight
-                    and not self._queue
-                    and max(it.length for it in selected) * sum(it.rows for it in selected)
-                    <= self.inline_tokens
+                    not self._in_flight and not self._queue and padded_tokens(selected) <= self.inline_tokens
                 )
                 task = loop.create_task(self._run_batch(selected, loop, inline))
                 self._in_flight.add(task)
@@ -304,8 +306,7 @@ class Batcher:
     async def _run_batch(self, items: list[WorkItem], loop: asyncio.AbstractEventLoop, inline: bool) -> None:
         batch_id = next(self._batch_ids)
         started = time.perf_counter()
-        rows = sum(it.rows for it in items)
-        self.observer.on_batch(len(items), rows, max(it.length for it in items) * rows)
+        self.observer.on_batch(len(items), sum(it.rows for it in items), padded_tokens(items))
         try:
             payloads = [it.payload for it in items]
             if inline:

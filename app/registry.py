@@ -59,7 +59,6 @@ class Bundle:
     threads: int | None = None
     tokenizer: TextTokenizer | None = None
     runtime: RuntimePool | None = None
-    instances: int | None = None
     batcher: Batcher | None = None
     service: Any = None
     load_seconds: float | None = None
@@ -233,7 +232,6 @@ class Registry:
                 for _ in range(instances)
             ]
         )
-        bundle.instances = instances
         self._warm_up(bundle)
 
     def _warm_up(self, bundle: Bundle) -> None:

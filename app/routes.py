@@ -210,7 +210,7 @@ async def models(request: Request) -> ModelsResponse:
                 execution_provider=runtime.provider if runtime else None,
                 providers=runtime.providers if runtime else [],
                 intra_op_threads=bundle.threads,
-                instances=bundle.instances,
+                instances=runtime.instances if runtime else None,
                 max_seq_len=manifest.max_seq_len if manifest else None,
                 qa_defaults=manifest.qa_defaults if manifest and manifest.task == "qa" else None,
                 limits={**limits, **resolved},

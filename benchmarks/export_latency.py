@@ -115,11 +115,11 @@ def time_call(fn: Callable[[], object], runs: int, budget_s: float, warmup: int)
 
 def engines_for(checkpoint: Path, bundle: Path, threads: int) -> dict[str, Callable[[dict], Callable]]:
     """Each engine maps numpy features to a zero-argument callable running one batch."""
-    import onnxruntime as ort
     import torch
     import transformers
 
     from export.bundle import load_bundle_manifest
+    from export.verify import make_session
     from model.bert import BertForSequenceClassification
 
     transformers.utils.logging.disable_progress_bar()
@@ -145,13 +145,8 @@ def engines_for(checkpoint: Path, bundle: Path, threads: int) -> dict[str, Calla
     manifest = load_bundle_manifest(bundle)
 
     def ort_engine(variant: str):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
         info = manifest.variants[variant]  # with the bundle's own session settings, as the service
-        extra = {"disabled_optimizers": info.disabled_optimizers} if info.disabled_optimizers else {}
-        session = ort.InferenceSession(
-            str(bundle / info.file), options, providers=["CPUExecutionProvider"], **extra
-        )
+        session = make_session(bundle / info.file, threads, info.disabled_optimizers)
         return lambda feeds: lambda: session.run(["logits"], feeds)
 
     return {

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,6 +28,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from finetune import recipes  # noqa: E402
 
 from export.bundle import load_bundle_manifest  # noqa: E402
+from export.verify import make_session  # noqa: E402
 from model.bert import HeadOutput  # noqa: E402
 from model.train import build_parser, make_task, prepare_data  # noqa: E402
 from model.trainer import TrainConfig, Trainer  # noqa: E402
@@ -40,12 +40,7 @@ class OrtHead(torch.nn.Module):
 
     def __init__(self, onnx_path: Path, config, threads: int, disabled_optimizers: list[str]):
         super().__init__()
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        extra = {"disabled_optimizers": disabled_optimizers} if disabled_optimizers else {}
-        self.session = ort.InferenceSession(
-            str(onnx_path), options, providers=["CPUExecutionProvider"], **extra
-        )
+        self.session = make_session(onnx_path, threads, disabled_optimizers)
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.config = config

@@ -26,6 +26,7 @@ if __package__ in (None, ""):  # run as a script: make the repository packages i
 
 from app.settings import available_cores  # noqa: E402
 from benchmarks import bench_common as common  # noqa: E402
+from export.verify import make_session  # noqa: E402
 
 SHAPES = ((1, 128, 384), (8, 40, 384), (1, 384, 384), (1, 128, 768))
 
@@ -72,16 +73,6 @@ def kernel_graphs(hidden: int) -> dict[str, Any]:
     }
 
 
-def session(model_or_path: Any, threads: int, disabled: list[str] | None = None):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    source = model_or_path if isinstance(model_or_path, str) else model_or_path.SerializeToString()
-    extra = {"disabled_optimizers": disabled} if disabled else {}
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"], **extra)
-
-
 def kernels(threads: int, seconds: float) -> list[dict[str, Any]]:
     rows = []
     rng = np.random.default_rng(0)
@@ -90,7 +81,9 @@ def kernels(threads: int, seconds: float) -> list[dict[str, Any]]:
         feeds = {n: rng.standard_normal(shape).astype(np.float32) for n in ("x", "skip")}
         # The split graph must stay split: keep onnxruntime from fusing it back.
         times = {
-            name: run_us(session(g, threads, ["SkipLayerNormFusion"]), feeds, seconds)
+            name: run_us(
+                make_session(g.SerializeToString(), threads, ["SkipLayerNormFusion"]), feeds, seconds
+            )
             for name, g in graphs.items()
         }
         rows.append({"shape": list(shape), "threads": threads, "us": times})
@@ -110,8 +103,8 @@ def bundle_ab(bundle: Path, threads: int, seconds: float) -> list[dict[str, Any]
             "attention_mask": np.ones((batch, seq), np.int64),
             "token_type_ids": np.zeros((batch, seq), np.int64),
         }
-        served = session(path, threads, info.disabled_optimizers)
-        refused = session(path, threads)
+        served = make_session(path, threads, info.disabled_optimizers)
+        refused = make_session(path, threads)
         row = {
             "batch": batch,
             "seq": seq,

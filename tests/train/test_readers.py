@@ -181,6 +181,74 @@ def test_race_missing_field(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- QA
 
+RACE_PASSAGE = (
+    "Tom lives in Leeds. He has a red bike. Every morning he rides it to school. "
+    "His sister Ann walks. She likes the park near the river."
+)
+
+
+def race_row(questions: list[str], options: list[list[str]], answers: list[str]) -> dict:
+    return {
+        "id": "middle7.txt",
+        "article": RACE_PASSAGE,
+        "questions": questions,
+        "options": options,
+        "answers": answers,
+    }
+
+
+def test_race_as_qa_spans_keeps_only_answerable_questions(tmp_path: Path) -> None:
+    row = race_row(
+        [
+            "Where does Tom live?",  # kept: one option in the passage
+            "Tom rides _ to school.",  # kept, cloze; the passage's case wins
+            "How does Ann go to school?",  # dropped: the answer is not in the passage
+            "Which of the following is true?",  # dropped: needs its options
+            "What colour is the bike?",  # dropped: a distractor is in the passage too
+        ],
+        [
+            ["London", "Leeds.", "York", "Hull"],
+            ["A bus", "it", "A car", "A boat"],
+            ["by bus", "on foot", "by car", "by bike"],
+            ["Tom lives in Leeds", "x", "y", "z"],
+            ["red", "blue", "green", "morning"],
+        ],
+        ["B", "B", "B", "A", "A"],
+    )
+    path = write(tmp_path / "race.jsonl", json.dumps(row) + "\n")
+    assert detect_format("qa", path) == "race"
+    examples = read_examples("qa", path)
+    assert [(e.id, e.question, e.answers[0][0]) for e in examples] == [
+        ("middle7.txt-0", "Where does Tom live?", "Leeds"),
+        ("middle7.txt-1", "Tom rides _ to school.", "it"),
+    ]
+    for e in examples:
+        text, start = e.answers[0]
+        assert e.context[start : start + len(text)] == text and e.group == "middle7.txt"
+        assert e.context in RACE_PASSAGE and e.context.endswith((".", "river"))
+
+
+def test_race_spans_trim_long_passages_to_whole_sentences() -> None:
+    from model.readers import option_match, sentences_around
+
+    article = " ".join(f"Sentence number {i} is here." for i in range(60))
+    match = option_match(article, "number 30")
+    lengths = []
+    for seed in range(5):
+        context, start = sentences_around(article, match, words=25, seed=seed)
+        assert context[start : start + 9] == "number 30"
+        assert context.startswith("Sentence") and context.endswith("here.")
+        lengths.append(len(context.split()))
+        assert 25 <= lengths[-1] < 25 + 5
+    starts = {sentences_around(article, match, 25, seed)[1] for seed in range(5)}
+    assert len(starts) > 2, "the answer should not always sit at the same place"
+
+
+def test_race_spans_missing_answers_names_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "r.jsonl", '{"article": "a", "questions": ["q"], "options": [["a", "b"]]}\n')
+    with pytest.raises(DataError, match="r.jsonl:1: missing field 'answers'"):
+        read_examples("qa", path, fmt="race")
+
 
 def squad(answers: list[dict], impossible: bool | None = None) -> dict:
     qa = {"id": "q1", "question": "Where?", "answers": answers}

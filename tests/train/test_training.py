@@ -217,6 +217,50 @@ def test_cli_stop_and_resume(tmp_path: Path) -> None:
     assert TASK_HEADS["ner"].from_pretrained(tmp_path / "out").config.id2label[0] == "O"
 
 
+def test_extra_train_data_is_added_but_never_validated_on(tmp_path: Path) -> None:
+    from model.train import make_task, prepare_data
+
+    base = make_tiny_checkpoint("qa", tmp_path / "base")
+    data = write_task_data("qa", tmp_path / "data")
+    article = "Ann has a cat. The cat is black. It sleeps all day."
+    extra = tmp_path / "race.jsonl"
+    rows = [
+        {
+            "id": f"p{i}",
+            "article": article,
+            "questions": ["What colour is the cat?"],
+            "options": [["white", "black", "grey", "brown"]],
+            "answers": ["B"],
+        }
+        for i in range(3)
+    ]
+    extra.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = [
+        "--task",
+        "qa",
+        "--train",
+        str(data),
+        "--validation-fraction",
+        "0.3",
+        "--max-seq-len",
+        "64",
+        "--doc-stride",
+        "16",
+        "--max-query-len",
+        "16",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    tokenizer = TextTokenizer.from_dir(base)
+    args = build_parser().parse_args(common)
+    plain_train, plain_valid = prepare_data(args, make_task(args, tokenizer), base, None)
+    args = build_parser().parse_args([*common, "--extra-train", str(extra), "--limit-extra", "2"])
+    train, valid = prepare_data(args, make_task(args, tokenizer), base, None)
+    assert len(train.examples) == len(plain_train.examples) + 2
+    assert [e.id for e in valid.examples] == [e.id for e in plain_valid.examples]
+    assert {e.context for e in train.examples[-2:]} == {article}
+
+
 def test_qa_doc_stride_that_does_not_fit_is_rejected(tmp_path: Path) -> None:
     base = make_tiny_checkpoint("qa", tmp_path / "base")
     data = write_task_data("qa", tmp_path / "data")

@@ -108,7 +108,7 @@ def recipes(data: Path) -> dict[str, dict]:
                 "--batch-size",
                 "16",
                 "--epochs",
-                "2",
+                "2.5",
                 "--lr",
                 "1e-4",
                 "--warmup-ratio",

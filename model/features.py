@@ -334,6 +334,14 @@ class ChoiceTask(Task):
         return {"accuracy": accuracy(predicted, [item["label"] for item in data.items])}
 
 
+def training_answer(answers: list[tuple[str, int]]) -> tuple[str, int]:
+    """The span most annotators gave (SQuAD dev has about three per question); ties go to the first."""
+    counts: dict[tuple[str, int], int] = {}
+    for answer in answers:
+        counts[answer] = counts.get(answer, 0) + 1
+    return max(counts, key=counts.__getitem__)
+
+
 class QATask(Task):
     name = "qa"
 
@@ -346,7 +354,7 @@ class QATask(Task):
             )
             span = None
             if e.answers and not e.is_impossible:
-                text, start = e.answers[0]
+                text, start = training_answer(e.answers)
                 span = pqa.char_to_token_span(qa_input.context_tokens, start, start + len(text))
             for w, window in enumerate(qa_input.windows):
                 start_pos, end_pos = pqa.training_positions(qa_input, window, span)

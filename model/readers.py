@@ -11,7 +11,6 @@ import csv
 import gzip
 import io
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -415,66 +414,11 @@ def read_squad(path: str | Path) -> Iterator[QAExample]:
                 yield QAExample(str(qa["id"]), qa["question"], context, answers, impossible, title)
 
 
-# Questions that only make sense next to their options ("Which of the following is TRUE?").
-NEEDS_OPTIONS = re.compile(r"\b(following|title|true|false|mainly|main idea)\b", re.IGNORECASE)
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+def read_race_spans(path: str | Path) -> Iterator[QAExample]:
+    """RACE questions whose right option is a span of the passage, as extractive QA."""
+    from .race_spans import race_span_examples  # imports this module's plumbing
 
-
-def read_race_spans(path: str | Path, context_words: int = 120) -> Iterator[QAExample]:
-    """RACE questions usable as extractive QA: extra training data for the qa head.
-
-    Kept: the right option occurs word-bounded in the passage and no other option does, and
-    the question makes sense without its options. The context is a run of sentences around
-    the answer (about `context_words` words, answer at a varying position), so one example
-    costs about as much as a SQuAD paragraph.
-    """
-    for n, row in json_lines(path):
-        try:
-            article, questions, options = row["article"], row["questions"], row["options"]
-            answers = row["answers"]
-        except KeyError as e:
-            raise DataError(
-                path, n, f"missing field {e.args[0]!r} (RACE needs article/questions/options/answers)"
-            ) from None
-        passage = str(row.get("id", n))
-        for q, (question, choices, answer) in enumerate(zip(questions, options, answers, strict=True)):
-            label = parse_label(answer, len(choices), path, n)
-            if NEEDS_OPTIONS.search(question):
-                continue
-            found = [option_match(article, c) for c in choices]
-            if found[label] is None or any(m is not None for i, m in enumerate(found) if i != label):
-                continue
-            context, start = sentences_around(article, found[label], context_words, seed=n * 31 + q)
-            text = found[label].group(0)
-            yield QAExample(f"{passage}-{q}", question, context, [(text, start)], group=passage)
-
-
-def option_match(article: str, option: str) -> re.Match | None:
-    option = option.strip().rstrip(".").strip()
-    if len(option) < 2:
-        return None
-    return re.search(r"(?<!\w)" + re.escape(option) + r"(?!\w)", article, re.IGNORECASE)
-
-
-def sentences_around(article: str, match: re.Match, words: int, seed: int) -> tuple[str, int]:
-    """(context, answer start in it): whole sentences around the match, about `words` long."""
-    bounds, begin = [], 0
-    for end in SENTENCE_END.finditer(article):
-        bounds.append((begin, end.start()))
-        begin = end.end()
-    bounds.append((begin, len(article)))
-    first = last = max(i for i, (b, _) in enumerate(bounds) if b <= match.start())
-    while last + 1 < len(bounds) and bounds[last][1] < match.end():
-        last += 1
-    budget = words - len(article[bounds[first][0] : bounds[last][1]].split())
-    before = budget * (seed % 5) // 4  # 0..all of the spare words go before the answer
-    while first > 0 and before > 0:
-        first -= 1
-        before -= len(article[bounds[first][0] : bounds[first][1]].split())
-    while last + 1 < len(bounds) and len(article[bounds[first][0] : bounds[last][1]].split()) < words:
-        last += 1
-    begin = bounds[first][0]
-    return article[begin : bounds[last][1]], match.start() - begin
+    return race_span_examples(path)
 
 
 READERS = {

@@ -59,6 +59,20 @@ def test_qa_labels_cls_when_answer_outside_window(tokenizer: TextTokenizer, tmp_
             assert tokenizer.tokenizer.id_to_token(token) == answer
 
 
+def test_qa_trains_on_the_answer_most_annotators_gave(tokenizer: TextTokenizer) -> None:
+    from model.features import training_answer
+    from model.readers import QAExample
+
+    assert training_answer([("a", 0), ("b", 2), ("b", 2)]) == ("b", 2)
+    assert training_answer([("a", 0), ("b", 2)]) == ("a", 0)  # a tie keeps the first
+    context = "the cat sat on the mat"
+    answers = [("the cat", 0), ("cat", 4), ("cat", 4)]
+    task = TASKS["qa"](tokenizer, FeatureOptions(max_seq_len=32, doc_stride=4, max_query_len=8))
+    item = task.features([QAExample("q", "who sat", context, answers)], train=True).items[0]
+    first = tokenizer.tokenizer.id_to_token(int(item["enc"].input_ids[item["start"]]))
+    assert first == "cat" and item["start"] == item["end"]
+
+
 def test_ner_word_level_eval_with_windows(tokenizer: TextTokenizer) -> None:
     words = "john smith lives in paris and mary works for the company in london".split()
     tags = ["B-PER", "I-PER", "O", "O", "B-LOC", "O", "B-PER", "O", "O", "O", "B-ORG", "O", "B-LOC"]

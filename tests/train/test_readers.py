@@ -205,6 +205,8 @@ def test_race_as_qa_spans_keeps_only_answerable_questions(tmp_path: Path) -> Non
             "How does Ann go to school?",  # dropped: the answer is not in the passage
             "Which of the following is true?",  # dropped: needs its options
             "What colour is the bike?",  # dropped: a distractor is in the passage too
+            "What does Tom do?",  # kept: the right option is nearly a span (token F1 0.92)
+            "What does Ann like?",  # dropped: two options nearly match, equally well
         ],
         [
             ["London", "Leeds.", "York", "Hull"],
@@ -212,8 +214,10 @@ def test_race_as_qa_spans_keeps_only_answerable_questions(tmp_path: Path) -> Non
             ["by bus", "on foot", "by car", "by bike"],
             ["Tom lives in Leeds", "x", "y", "z"],
             ["red", "blue", "green", "morning"],
+            ["He sleeps all day", "Every morning he rides to school", "He cooks", "He reads books"],
+            ["the park near the big river", "the park near the old river", "a cat", "a dog"],
         ],
-        ["B", "B", "B", "A", "A"],
+        ["B", "B", "B", "A", "A", "B", "B"],
     )
     path = write(tmp_path / "race.jsonl", json.dumps(row) + "\n")
     assert detect_format("qa", path) == "race"
@@ -221,6 +225,7 @@ def test_race_as_qa_spans_keeps_only_answerable_questions(tmp_path: Path) -> Non
     assert [(e.id, e.question, e.answers[0][0]) for e in examples] == [
         ("middle7.txt-0", "Where does Tom live?", "Leeds"),
         ("middle7.txt-1", "Tom rides _ to school.", "it"),
+        ("middle7.txt-5", "What does Tom do?", "Every morning he rides it to school"),
     ]
     for e in examples:
         text, start = e.answers[0]
@@ -229,18 +234,18 @@ def test_race_as_qa_spans_keeps_only_answerable_questions(tmp_path: Path) -> Non
 
 
 def test_race_spans_trim_long_passages_to_whole_sentences() -> None:
-    from model.readers import option_match, sentences_around
+    from model.race_spans import option_match, sentences_around
 
     article = " ".join(f"Sentence number {i} is here." for i in range(60))
-    match = option_match(article, "number 30")
+    span = option_match(article, "number 30").span()
     lengths = []
     for seed in range(5):
-        context, start = sentences_around(article, match, words=25, seed=seed)
+        context, start = sentences_around(article, span, words=25, seed=seed)
         assert context[start : start + 9] == "number 30"
         assert context.startswith("Sentence") and context.endswith("here.")
         lengths.append(len(context.split()))
         assert 25 <= lengths[-1] < 25 + 5
-    starts = {sentences_around(article, match, 25, seed)[1] for seed in range(5)}
+    starts = {sentences_around(article, span, 25, seed)[1] for seed in range(5)}
     assert len(starts) > 2, "the answer should not always sit at the same place"
 
 

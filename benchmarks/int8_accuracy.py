@@ -112,14 +112,21 @@ def main() -> None:
             else None,
         }
         print(recipe["bundle"], json.dumps(results[recipe["bundle"]]["variants"]), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(write_results(results, args.out))
+
+
+def write_results(results: dict, path: Path) -> str:
+    """Merge into earlier results (a `--tasks` subset keeps the other bundles' lines); returns the table."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    merged = {**(json.loads(path.read_text()) if path.exists() else {}), **results}
+    path.write_text(json.dumps(merged, indent=2) + "\n")
     lines = ["| bundle | metric | fused (fp32) | int8 | int8 cost |", "|---|---|---|---|---|"]
-    for bundle, r in results.items():
+    for bundle, r in merged.items():
         m, v = r["metric"], r["variants"]
         lines.append(f"| {bundle} | {m} | {v['fused'][m]:.4f} | {v['int8'][m]:.4f} | {r['int8_cost']:+.4f} |")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    table = "\n".join(lines)
+    path.with_suffix(".md").write_text(table + "\n")
+    return table
 
 
 if __name__ == "__main__":

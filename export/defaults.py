@@ -29,10 +29,14 @@ DEFAULT_VARIANTS = ("fp32", "fused", "int8")
 INT8_RESULTS = REPO / "benchmarks" / "results" / "int8_accuracy.json"
 
 
-def attach_task_data_measurement(bundle_dir: Path, name: str) -> None:
+def task_data_measurement(name: str) -> dict | None:
     if not INT8_RESULTS.exists():
-        return
-    measured = json.loads(INT8_RESULTS.read_text(encoding="utf-8")).get(name)
+        return None
+    return json.loads(INT8_RESULTS.read_text(encoding="utf-8")).get(name)
+
+
+def attach_task_data_measurement(bundle_dir: Path, name: str) -> None:
+    measured = task_data_measurement(name)
     if measured is None:
         return
     from .bundle import load_bundle_manifest, write_manifest
@@ -43,11 +47,12 @@ def attach_task_data_measurement(bundle_dir: Path, name: str) -> None:
 
 
 def fingerprint(compact_dir: Path, variants: list[str]) -> str:
+    """What a built bundle depends on: the compact files, the variants, and its own INT8 measurement."""
     digest = hashlib.sha256(",".join(sorted(variants)).encode())
-    sources = sorted(compact_dir.iterdir()) + ([INT8_RESULTS] if INT8_RESULTS.exists() else [])
-    for path in sources:
+    for path in sorted(compact_dir.iterdir()):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
+    digest.update(json.dumps(task_data_measurement(compact_dir.name), sort_keys=True).encode())
     return digest.hexdigest()
 
 

@@ -49,3 +49,32 @@ def test_linear_fit_and_power_law():
     assert bench_common.power_law_exponent([10, 100, 1000], [7, 70, 700]) == pytest.approx(1)
     with pytest.raises(ValueError):
         bench_common.linear_fit([1, 1], [2, 3])
+
+
+def test_rebuilt_baseline_follows_a_retrained_default(tiny_bundles, tmp_path, monkeypatch):
+    import model.compact
+
+    bundle = shutil.copytree(tiny_bundles["qa"], tmp_path / "bundle")
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    manifest["name"] = "tiny-default"
+    manifest["model"]["source_checkpoint"] = str(tmp_path / "gone")
+    (bundle / "bundle.json").write_text(json.dumps(manifest))
+    compact = tmp_path / "defaults" / "tiny-default"
+    compact.mkdir(parents=True)
+    (compact / "compact.json").write_text("{}")
+    (compact / "delta.safetensors").write_bytes(b"v1")
+    builds = []
+
+    def fake_rebuild(source, out):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text("{}")
+        builds.append((source / "delta.safetensors").read_bytes())
+
+    monkeypatch.setattr(bench_common, "ROOT", tmp_path)
+    monkeypatch.setattr(model.compact, "rebuild", fake_rebuild)
+    for _ in range(2):
+        path, how = bench_common.resolve_checkpoint(bundle, None, "qa", work=tmp_path / "work")
+    assert builds == [b"v1"] and "rebuilt" in how and (path / "config.json").is_file()
+    (compact / "delta.safetensors").write_bytes(b"v2")  # retrained
+    bench_common.resolve_checkpoint(bundle, None, "qa", work=tmp_path / "work")
+    assert builds == [b"v1", b"v2"]

@@ -16,6 +16,22 @@ def test_fingerprint_follows_sources_and_variants(tmp_path):
     assert defaults.fingerprint(compact, ["fp32", "int8"]) != first
 
 
+def test_fingerprint_follows_only_its_own_int8_measurement(tmp_path, monkeypatch):
+    import json
+
+    results = tmp_path / "int8_accuracy.json"
+    monkeypatch.setattr(defaults, "INT8_RESULTS", results)
+    compact = tmp_path / "sst2-minilm"
+    compact.mkdir()
+    (compact / "delta.safetensors").write_bytes(b"abc")
+    results.write_text(json.dumps({"sst2-minilm": {"int8_cost": 0.1}, "other": {"int8_cost": 1}}))
+    first = defaults.fingerprint(compact, ["int8"])
+    results.write_text(json.dumps({"sst2-minilm": {"int8_cost": 0.1}, "other": {"int8_cost": 2}}))
+    assert defaults.fingerprint(compact, ["int8"]) == first  # another bundle's line changed
+    results.write_text(json.dumps({"sst2-minilm": {"int8_cost": 0.2}}))
+    assert defaults.fingerprint(compact, ["int8"]) != first
+
+
 def test_bundle_is_current_only_with_matching_stamp(tmp_path):
     bundle = tmp_path / "b"
     bundle.mkdir()

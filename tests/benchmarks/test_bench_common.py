@@ -23,12 +23,18 @@ def test_given_checkpoint_must_be_a_checkpoint(tiny_bundles, tiny_checkpoints, t
         bench_common.resolve_checkpoint(tiny_bundles["qa"], str(tmp_path), "qa")
 
 
-def test_missing_source_without_fallback_says_what_to_pass(tiny_bundles, tmp_path, monkeypatch):
+def orphan_bundle(tiny_bundles, tmp_path, name: str):
+    """A copy of the tiny QA bundle named `name` whose source checkpoint is gone."""
     bundle = shutil.copytree(tiny_bundles["qa"], tmp_path / "bundle")
     manifest = json.loads((bundle / "bundle.json").read_text())
-    manifest["name"] = "no-such-default"
+    manifest["name"] = name
     manifest["model"]["source_checkpoint"] = str(tmp_path / "gone")
     (bundle / "bundle.json").write_text(json.dumps(manifest))
+    return bundle
+
+
+def test_missing_source_without_fallback_says_what_to_pass(tiny_bundles, tmp_path, monkeypatch):
+    bundle = orphan_bundle(tiny_bundles, tmp_path, "no-such-default")
     monkeypatch.setattr(bench_common, "default_checkpoint", lambda task: tmp_path / "runs" / task / "best")
     with pytest.raises(SystemExit, match="pass the checkpoint directory explicitly"):
         bench_common.resolve_checkpoint(bundle, None, "qa", work=tmp_path / "work")
@@ -54,11 +60,7 @@ def test_linear_fit_and_power_law():
 def test_rebuilt_baseline_follows_a_retrained_default(tiny_bundles, tmp_path, monkeypatch):
     import model.compact
 
-    bundle = shutil.copytree(tiny_bundles["qa"], tmp_path / "bundle")
-    manifest = json.loads((bundle / "bundle.json").read_text())
-    manifest["name"] = "tiny-default"
-    manifest["model"]["source_checkpoint"] = str(tmp_path / "gone")
-    (bundle / "bundle.json").write_text(json.dumps(manifest))
+    bundle = orphan_bundle(tiny_bundles, tmp_path, "tiny-default")
     compact = tmp_path / "defaults" / "tiny-default"
     compact.mkdir(parents=True)
     (compact / "compact.json").write_text("{}")

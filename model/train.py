@@ -156,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop after this many steps in this run, saving a resumable state",
     )
     g.add_argument("--num-threads", type=int, help="torch CPU threads")
+    g.add_argument(
+        "--no-trim-memory",
+        dest="trim_memory",
+        action="store_false",
+        help="CPU: do not return freed heap memory to the OS after every step (about 3%% faster, "
+        "several times the resident memory)",
+    )
     g.add_argument("--log-every", type=int, default=50, help="log the loss every N steps")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
@@ -328,6 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
         freeze_embeddings=args.freeze_embeddings,
         stop_after_steps=args.stop_after_steps,
         progress=args.progress,
+        trim_memory=args.trim_memory,
     )
     command = shlex.join([sys.executable, "-m", "model.train", *(argv if argv is not None else sys.argv[1:])])
     trainer = Trainer(

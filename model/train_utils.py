@@ -124,3 +124,29 @@ def dataset_lengths(data) -> np.ndarray | None:
 
 def greater_is_better(metric: str) -> bool:
     return "loss" not in metric
+
+
+_LIBC: Any = None
+
+
+def release_freed_memory() -> bool:
+    """Give glibc's free heap pages back to the OS (malloc_trim); False where that is not glibc.
+
+    Batches of varying shapes fragment the CPU heap: without this, training a MiniLM QA head
+    grew to 5-8 GB of RSS; trimmed after every step it stays at 1.5-3.5 GB for about 3% of the time.
+    """
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        name = ctypes.util.find_library("c")
+        try:
+            libc = ctypes.CDLL(name) if name else False
+        except OSError:
+            libc = False
+        _LIBC = libc if libc and hasattr(libc, "malloc_trim") else False
+    if not _LIBC:
+        return False
+    _LIBC.malloc_trim(0)
+    return True

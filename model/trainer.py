@@ -34,6 +34,7 @@ from .train_utils import (
     freeze_embeddings,
     greater_is_better,
     make_optimizer,
+    release_freed_memory,
     to_device,
 )
 
@@ -64,6 +65,7 @@ class TrainConfig:
     freeze_embeddings: bool = False
     stop_after_steps: int = 0  # stop (resumably) after this many steps in this run
     progress: bool = True
+    trim_memory: bool = True  # CPU: malloc_trim after every step (train_utils.release_freed_memory)
 
 
 @torch.no_grad()
@@ -207,6 +209,8 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        if self.config.trim_memory and self.device.type == "cpu":
+            release_freed_memory()
         return stats
 
     def train(self) -> dict[str, Any]:

@@ -56,6 +56,22 @@ def test_loss_falls(task: str, tmp_path: Path) -> None:
     assert after < 0.8 * before, (task, before, after)
 
 
+@pytest.mark.parametrize("trim", [True, False])
+def test_cpu_training_trims_the_heap_after_every_step(trim: bool, tmp_path: Path, monkeypatch) -> None:
+    import platform
+
+    import model.trainer
+    from model.train_utils import release_freed_memory
+
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert release_freed_memory() is True
+    calls = []
+    monkeypatch.setattr(model.trainer, "release_freed_memory", lambda: calls.append(1) or True)
+    config = TrainConfig(max_steps=3, batch_size=8, eval_every=1000, progress=False, trim_memory=trim)
+    build("classify", tmp_path, config).train()
+    assert len(calls) == (3 if trim else 0)
+
+
 def test_resume_is_exact(tmp_path: Path) -> None:
     # Dropout on, accumulation on, a decaying schedule, and a stop mid-epoch: all must replay.
     config = TrainConfig(

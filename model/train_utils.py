@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import math
 import os
@@ -126,7 +128,13 @@ def greater_is_better(metric: str) -> bool:
     return "loss" not in metric
 
 
-_LIBC: Any = None
+@functools.cache
+def _glibc() -> Any:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (e.g. musl, macOS)
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 def release_freed_memory() -> bool:
@@ -135,18 +143,8 @@ def release_freed_memory() -> bool:
     Batches of varying shapes fragment the CPU heap: without this, training a MiniLM QA head
     grew to 5-8 GB of RSS; trimmed after every step it stays at 1.5-3.5 GB for about 3% of the time.
     """
-    global _LIBC
-    if _LIBC is None:
-        import ctypes
-        import ctypes.util
-
-        name = ctypes.util.find_library("c")
-        try:
-            libc = ctypes.CDLL(name) if name else False
-        except OSError:
-            libc = False
-        _LIBC = libc if libc and hasattr(libc, "malloc_trim") else False
-    if not _LIBC:
+    libc = _glibc()
+    if libc is None:
         return False
-    _LIBC.malloc_trim(0)
+    libc.malloc_trim(0)
     return True

@@ -37,37 +37,64 @@ def race_span_examples(path: str | Path, context_words: int = CONTEXT_WORDS) -> 
             raise DataError(
                 path, n, f"missing field {e.args[0]!r} (RACE needs article/questions/options/answers)"
             ) from None
-        passage = str(row.get("id", n))
-        words = PassageWords(article)
+        passage_id = str(row.get("id", n))
+        passage = Passage(article)
         for q, (question, choices, answer) in enumerate(zip(questions, options, answers, strict=True)):
             label = parse_label(answer, len(choices), path, n)
             if NEEDS_OPTIONS.search(question):
                 continue
-            span = answer_span(article, words, choices, label)
+            span = answer_span(passage, choices, label)
             if span is None:
                 continue
-            context, start = sentences_around(article, span, context_words, seed=n * 31 + q)
+            context, start = passage.sentences_around(span, context_words, seed=n * 31 + q)
             text = article[span[0] : span[1]]
-            yield QAExample(f"{passage}-{q}", question, context, [(text, start)], group=passage)
+            yield QAExample(f"{passage_id}-{q}", question, context, [(text, start)], group=passage_id)
 
 
-class PassageWords:
-    """The passage's words (lowercased) with their character spans, for fast span search."""
+class Passage:
+    """A RACE article split once for all its questions: words (lowercased, with their character
+    spans) for the span search, and sentences for the contexts."""
 
     def __init__(self, article: str):
+        self.article = article
         matches = list(WORD.finditer(article))
         self.words = [m.group(0).lower() for m in matches]
         self.spans = [m.span() for m in matches]
+        self.sentences, begin = [], 0  # (start, end) character bounds
+        for end in SENTENCE_END.finditer(article):
+            self.sentences.append((begin, end.start()))
+            begin = end.end()
+        self.sentences.append((begin, len(article)))
+
+    def sentences_around(self, span: tuple[int, int], words: int, seed: int) -> tuple[str, int]:
+        """(context, answer start in it): whole sentences around the span, about `words` long,
+        with the answer at a position that varies with `seed`."""
+        article, bounds = self.article, self.sentences
+        first = last = max(i for i, (b, _) in enumerate(bounds) if b <= span[0])
+        while last + 1 < len(bounds) and bounds[last][1] < span[1]:
+            last += 1
+
+        def length(a: int, b: int) -> int:
+            return len(article[bounds[a][0] : bounds[b][1]].split())
+
+        before = (words - length(first, last)) * (seed % 5) // 4  # 0..all spare words go first
+        while first > 0 and before > 0:
+            first -= 1
+            before -= length(first, first)
+        while last + 1 < len(bounds) and length(first, last) < words:
+            last += 1
+        begin = bounds[first][0]
+        return article[begin : bounds[last][1]], span[0] - begin
 
 
-def answer_span(article: str, words: PassageWords, choices: list[str], label: int) -> tuple[int, int] | None:
+def answer_span(passage: Passage, choices: list[str], label: int) -> tuple[int, int] | None:
     """Character span of the right option in the passage, when it is unambiguous."""
-    exact = [option_match(article, c) for c in choices]
+    exact = [option_match(passage.article, c) for c in choices]
     if exact[label] is not None:
         if any(m is not None for i, m in enumerate(exact) if i != label):
             return None
         return exact[label].span()
-    best = [closest_span(words, c) for c in choices]
+    best = [closest_span(passage, c) for c in choices]
     score, span = best[label]
     others = max((s for i, (s, _) in enumerate(best) if i != label), default=0.0)
     if span is None or score < MIN_SPAN_F1 or others > score - MARGIN:
@@ -82,17 +109,17 @@ def option_match(article: str, option: str) -> re.Match | None:
     return re.search(r"(?<!\w)" + re.escape(option) + r"(?!\w)", article, re.IGNORECASE)
 
 
-def closest_span(words: PassageWords, option: str) -> tuple[float, tuple[int, int] | None]:
+def closest_span(passage: Passage, option: str) -> tuple[float, tuple[int, int] | None]:
     """(token F1, character span) of the passage span that best matches `option`.
 
     Candidates are scored fast by how many of their words occur in the option, for lengths
     near the option's; the best is re-scored with the official SQuAD token F1.
     """
     wanted = normalize_answer(option).split()
-    if len(wanted) < 2 or not words.words:
+    if len(wanted) < 2 or not passage.words:
         return 0.0, None
     vocabulary = set(wanted)
-    hits = np.array([w in vocabulary for w in words.words], dtype=np.int32)
+    hits = np.array([w in vocabulary for w in passage.words], dtype=np.int32)
     cumulative = np.concatenate([[0], np.cumsum(hits)])
     best, best_span = 0.0, None
     for length in range(max(1, len(wanted) - 2), len(wanted) + 3):
@@ -108,33 +135,8 @@ def closest_span(words: PassageWords, option: str) -> tuple[float, tuple[int, in
             first += 1
         while last > first and not hits[last]:
             last -= 1
-        span = (words.spans[first][0], words.spans[last][1])
-        score = token_f1(" ".join(words.words[first : last + 1]), option)
+        span = (passage.spans[first][0], passage.spans[last][1])
+        score = token_f1(" ".join(passage.words[first : last + 1]), option)
         if score > best:
             best, best_span = score, span
     return best, best_span
-
-
-def sentences_around(article: str, span: tuple[int, int], words: int, seed: int) -> tuple[str, int]:
-    """(context, answer start in it): whole sentences around the span, about `words` long,
-    with the answer at a position that varies with `seed`."""
-    bounds, begin = [], 0
-    for end in SENTENCE_END.finditer(article):
-        bounds.append((begin, end.start()))
-        begin = end.end()
-    bounds.append((begin, len(article)))
-    first = last = max(i for i, (b, _) in enumerate(bounds) if b <= span[0])
-    while last + 1 < len(bounds) and bounds[last][1] < span[1]:
-        last += 1
-
-    def length(a: int, b: int) -> int:
-        return len(article[bounds[a][0] : bounds[b][1]].split())
-
-    before = (words - length(first, last)) * (seed % 5) // 4  # 0..all spare words go first
-    while first > 0 and before > 0:
-        first -= 1
-        before -= length(first, first)
-    while last + 1 < len(bounds) and length(first, last) < words:
-        last += 1
-    begin = bounds[first][0]
-    return article[begin : bounds[last][1]], span[0] - begin

@@ -234,18 +234,19 @@ def test_race_as_qa_spans_keeps_only_answerable_questions(tmp_path: Path) -> Non
 
 
 def test_race_spans_trim_long_passages_to_whole_sentences() -> None:
-    from model.race_spans import option_match, sentences_around
+    from model.race_spans import Passage, option_match
 
     article = " ".join(f"Sentence number {i} is here." for i in range(60))
     span = option_match(article, "number 30").span()
+    passage = Passage(article)
     lengths = []
     for seed in range(5):
-        context, start = sentences_around(article, span, words=25, seed=seed)
+        context, start = passage.sentences_around(span, words=25, seed=seed)
         assert context[start : start + 9] == "number 30"
         assert context.startswith("Sentence") and context.endswith("here.")
         lengths.append(len(context.split()))
         assert 25 <= lengths[-1] < 25 + 5
-    starts = {sentences_around(article, span, 25, seed)[1] for seed in range(5)}
+    starts = {passage.sentences_around(span, 25, seed)[1] for seed in range(5)}
     assert len(starts) > 2, "the answer should not always sit at the same place"
 
 

@@ -103,11 +103,16 @@ def resolve_checkpoint(bundle: Path, requested: str | None, task: str, work: Pat
         return source, "bundle source checkpoint"
     compact = ROOT / "defaults" / manifest.name
     if (compact / "compact.json").is_file():
-        from model.compact import file_sha256, rebuild
+        import hashlib
+
+        from export.defaults import hash_compact
+        from model.compact import rebuild
 
         out = work / "rebuilt" / manifest.name
         # Rebuild whenever the compact default changed (a retrained model), not only when missing.
-        stamp = ",".join(f"{p.name}:{file_sha256(p)}" for p in sorted(compact.iterdir()))
+        digest = hashlib.sha256()
+        hash_compact(digest, compact)
+        stamp = digest.hexdigest()
         marker = out / ".rebuilt-from"
         if not (out / "config.json").is_file() or not marker.is_file() or marker.read_text() != stamp:
             print(f"rebuilding {manifest.name} from {compact} for the transformers baseline", flush=True)

@@ -46,12 +46,17 @@ def attach_task_data_measurement(bundle_dir: Path, name: str) -> None:
     write_manifest(bundle_dir, manifest)
 
 
-def fingerprint(compact_dir: Path, variants: list[str]) -> str:
-    """What a built bundle depends on: the compact files, the variants, and its own INT8 measurement."""
-    digest = hashlib.sha256(",".join(sorted(variants)).encode())
+def hash_compact(digest, compact_dir: Path) -> None:
+    """Feed a compact default's files (names and bytes) into a hashlib digest."""
     for path in sorted(compact_dir.iterdir()):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
+
+
+def fingerprint(compact_dir: Path, variants: list[str]) -> str:
+    """What a built bundle depends on: the compact files, the variants, and its own INT8 measurement."""
+    digest = hashlib.sha256(",".join(sorted(variants)).encode())
+    hash_compact(digest, compact_dir)
     digest.update(json.dumps(task_data_measurement(compact_dir.name), sort_keys=True).encode())
     return digest.hexdigest()
 

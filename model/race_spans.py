@@ -3,8 +3,10 @@
 SQuAD's training set is not available offline, and RACE (87k exam questions on passages) is.
 Where the right option is a span of the passage, the question becomes a SQuAD-style example:
 exactly (case aside), or nearly (token F1 with a passage span of at least `MIN_SPAN_F1`, as
-in distant supervision for reading comprehension). A question is kept only when no other
-option matches as well, and when it makes sense without its options.
+in distant supervision for reading comprehension). A question is kept only when it makes
+sense without its options, and when no other option matches as well; wrong options that occur
+in the passage verbatim are kept as distractors (RACE's hard negatives) unless the question
+is negated ("Who did NOT ..."), whose answer depends on the options.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ from .readers import DataError, QAExample, json_lines, parse_label
 
 # Questions that only make sense next to their options ("Which of the following is TRUE?").
 NEEDS_OPTIONS = re.compile(r"\b(following|title|true|false|mainly|main idea)\b", re.IGNORECASE)
+NEGATED = re.compile(r"\b(not|except|never|least)\b|n't\b", re.IGNORECASE)
+# Left out when matching a question to the sentence that answers it.
+STOPWORDS = frozenset(
+    "a an the of to in on at for by with from and or but is are was were be been do does did "
+    "what who whom whose which when where why how that this these those it its he she they "
+    "his her their we you i".split()
+)
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 WORD = re.compile(r"\w+(?:'\w+)?")
 MIN_SPAN_F1 = 0.8  # a near match must be this close to the option
@@ -43,7 +52,7 @@ def race_span_examples(path: str | Path, context_words: int = CONTEXT_WORDS) -> 
             label = parse_label(answer, len(choices), path, n)
             if NEEDS_OPTIONS.search(question):
                 continue
-            span = answer_span(passage, choices, label)
+            span = answer_span(passage, question, choices, label)
             if span is None:
                 continue
             context, start = passage.sentences_around(span, context_words, seed=n * 31 + q)
@@ -66,6 +75,18 @@ class Passage:
             begin = end.end()
         self.sentences.append((begin, len(article)))
 
+    def closest_to_question(self, spans: list[tuple[int, int]], question: str) -> tuple[int, int]:
+        """The occurrence whose sentence shares most content words with the question (ties: the first)."""
+        if len(spans) == 1:
+            return spans[0]
+        wanted = {w.lower() for w in WORD.findall(question)} - STOPWORDS
+
+        def overlap(span: tuple[int, int]) -> int:
+            begin, end = next((b, e) for b, e in reversed(self.sentences) if b <= span[0])
+            return len(wanted & {w.lower() for w in WORD.findall(self.article[begin:end])})
+
+        return max(spans, key=overlap)
+
     def sentences_around(self, span: tuple[int, int], words: int, seed: int) -> tuple[str, int]:
         """(context, answer start in it): whole sentences around the span, about `words` long,
         with the answer at a position that varies with `seed`."""
@@ -87,13 +108,13 @@ class Passage:
         return article[begin : bounds[last][1]], span[0] - begin
 
 
-def answer_span(passage: Passage, choices: list[str], label: int) -> tuple[int, int] | None:
+def answer_span(passage: Passage, question: str, choices: list[str], label: int) -> tuple[int, int] | None:
     """Character span of the right option in the passage, when it is unambiguous."""
-    exact = [option_match(passage.article, c) for c in choices]
-    if exact[label] is not None:
-        if any(m is not None for i, m in enumerate(exact) if i != label):
+    exact = [option_matches(passage.article, c) for c in choices]
+    if exact[label]:
+        if NEGATED.search(question) and any(m for i, m in enumerate(exact) if i != label):
             return None
-        return exact[label].span()
+        return passage.closest_to_question(exact[label], question)
     best = [closest_span(passage, c) for c in choices]
     score, span = best[label]
     others = max((s for i, (s, _) in enumerate(best) if i != label), default=0.0)
@@ -102,11 +123,13 @@ def answer_span(passage: Passage, choices: list[str], label: int) -> tuple[int, 
     return span
 
 
-def option_match(article: str, option: str) -> re.Match | None:
+def option_matches(article: str, option: str) -> list[tuple[int, int]]:
+    """Character spans of every whole-word occurrence of `option` (case aside)."""
     option = option.strip().rstrip(".").strip()
     if len(option) < 2:
-        return None
-    return re.search(r"(?<!\w)" + re.escape(option) + r"(?!\w)", article, re.IGNORECASE)
+        return []
+    pattern = r"(?<!\w)" + re.escape(option) + r"(?!\w)"
+    return [m.span() for m in re.finditer(pattern, article, re.IGNORECASE)]
 
 
 def closest_span(passage: Passage, option: str) -> tuple[float, tuple[int, int] | None]:

@@ -204,9 +204,10 @@ def test_race_as_qa_spans_keeps_only_answerable_questions(tmp_path: Path) -> Non
             "Tom rides _ to school.",  # kept, cloze; the passage's case wins
             "How does Ann go to school?",  # dropped: the answer is not in the passage
             "Which of the following is true?",  # dropped: needs its options
-            "What colour is the bike?",  # dropped: a distractor is in the passage too
+            "What colour is the bike?",  # kept: a distractor in the passage is a hard negative
             "What does Tom do?",  # kept: the right option is nearly a span (token F1 0.92)
             "What does Ann like?",  # dropped: two options nearly match, equally well
+            "What is not red?",  # dropped: negated, with a distractor in the passage
         ],
         [
             ["London", "Leeds.", "York", "Hull"],
@@ -216,8 +217,9 @@ def test_race_as_qa_spans_keeps_only_answerable_questions(tmp_path: Path) -> Non
             ["red", "blue", "green", "morning"],
             ["He sleeps all day", "Every morning he rides to school", "He cooks", "He reads books"],
             ["the park near the big river", "the park near the old river", "a cat", "a dog"],
+            ["bike", "park", "cat", "dog"],
         ],
-        ["B", "B", "B", "A", "A", "B", "B"],
+        ["B", "B", "B", "A", "A", "B", "B", "B"],
     )
     path = write(tmp_path / "race.jsonl", json.dumps(row) + "\n")
     assert detect_format("qa", path) == "race"
@@ -225,6 +227,7 @@ def test_race_as_qa_spans_keeps_only_answerable_questions(tmp_path: Path) -> Non
     assert [(e.id, e.question, e.answers[0][0]) for e in examples] == [
         ("middle7.txt-0", "Where does Tom live?", "Leeds"),
         ("middle7.txt-1", "Tom rides _ to school.", "it"),
+        ("middle7.txt-4", "What colour is the bike?", "red"),
         ("middle7.txt-5", "What does Tom do?", "Every morning he rides it to school"),
     ]
     for e in examples:
@@ -233,11 +236,24 @@ def test_race_as_qa_spans_keeps_only_answerable_questions(tmp_path: Path) -> Non
         assert e.context in RACE_PASSAGE and e.context.endswith((".", "river"))
 
 
+def test_race_spans_answer_from_the_sentence_that_matches_the_question(tmp_path: Path) -> None:
+    article = "The park is near the river. Tom swims in the river every day. Ann never swims."
+    row = {
+        "article": article,
+        "questions": ["Where does Tom swim every day?"],
+        "options": [["the sea", "the river"]],
+    }
+    path = write(tmp_path / "race.jsonl", json.dumps({**row, "answers": ["B"]}) + "\n")
+    [example] = read_examples("qa", path, fmt="race")
+    text, start = example.answers[0]
+    assert text == "the river" and example.context[: start + len(text)].endswith("swims in the river")
+
+
 def test_race_spans_trim_long_passages_to_whole_sentences() -> None:
-    from model.race_spans import Passage, option_match
+    from model.race_spans import Passage, option_matches
 
     article = " ".join(f"Sentence number {i} is here." for i in range(60))
-    span = option_match(article, "number 30").span()
+    [span] = option_matches(article, "number 30")
     passage = Passage(article)
     lengths = []
     for seed in range(5):

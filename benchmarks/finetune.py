@@ -129,7 +129,7 @@ def recipes(data: Path) -> dict[str, dict]:
                     ],
                 }
             ],
-            "train": ["--batch-size", "16", "--epochs", "3", "--lr", "1e-4", "--warmup-ratio", "0.1"],
+            "train": ["--batch-size", "16", "--epochs", "3", "--lr", "1.5e-4", "--warmup-ratio", "0.1"],
             "metric": "f1",
         },
     }

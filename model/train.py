@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from processing.tokenizer import TextTokenizer
 
@@ -353,6 +354,10 @@ def main(argv: list[str] | None = None) -> dict:
     summary = trainer.train()
     if trainer.main:
         log.info("done: %s", {k: summary[k] for k in ("steps", "validation", "wall_time_s")})
+    if dist.is_initialized():
+        # A rank that exits with the process group alive can abort in gloo's threads at teardown.
+        dist.barrier()
+        dist.destroy_process_group()
     return summary
 
 

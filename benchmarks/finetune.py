@@ -236,8 +236,7 @@ def write_results(results: dict, path: Path) -> None:
     lines.append(f"\nAll compact defaults together: {total / 1e6:.2f} MB.\n")
     lines.append("Training commands:\n")
     for name, r in merged.items():
-        commands = r.get("train_commands") or [r["train_command"]]
-        lines.append(f"- {name}: " + ", then ".join(f"`{command}`" for command in commands))
+        lines.append(f"- {name}: " + ", then ".join(f"`{command}`" for command in r["train_commands"]))
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

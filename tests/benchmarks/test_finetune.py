@@ -50,7 +50,7 @@ def test_results_list_every_stage_command(tmp_path):
     from benchmarks.finetune import write_results
 
     path = tmp_path / "finetune.json"
-    write_results({"sst2": result(90.0, train_command="train sst2")}, path)
+    write_results({"sst2": result(90.0, train_commands=["train sst2"])}, path)
     write_results({"squad": result(70.0, train_commands=["train race", "train squad"])}, path)
     assert set(json.loads(path.read_text())["tasks"]) == {"sst2", "squad"}
     table = path.with_suffix(".md").read_text()

@@ -11,6 +11,7 @@ is negated ("Who did NOT ..."), whose answer depends on the options.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +76,10 @@ class Passage:
             begin = end.end()
         self.sentences.append((begin, len(article)))
 
+    def sentence_of(self, offset: int) -> int:
+        """Index of the sentence that holds character `offset` (the last one starting at or before it)."""
+        return bisect.bisect_right(self.sentences, offset, key=lambda bounds: bounds[0]) - 1
+
     def closest_to_question(self, spans: list[tuple[int, int]], question: str) -> tuple[int, int]:
         """The occurrence whose sentence shares most content words with the question (ties: the first)."""
         if len(spans) == 1:
@@ -82,7 +87,7 @@ class Passage:
         wanted = {w.lower() for w in WORD.findall(question)} - STOPWORDS
 
         def overlap(span: tuple[int, int]) -> int:
-            begin, end = next((b, e) for b, e in reversed(self.sentences) if b <= span[0])
+            begin, end = self.sentences[self.sentence_of(span[0])]
             return len(wanted & {w.lower() for w in WORD.findall(self.article[begin:end])})
 
         return max(spans, key=overlap)
@@ -91,7 +96,7 @@ class Passage:
         """(context, answer start in it): whole sentences around the span, about `words` long,
         with the answer at a position that varies with `seed`."""
         article, bounds = self.article, self.sentences
-        first = last = max(i for i, (b, _) in enumerate(bounds) if b <= span[0])
+        first = last = self.sentence_of(span[0])
         while last + 1 < len(bounds) and bounds[last][1] < span[1]:
             last += 1
 

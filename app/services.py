@@ -8,6 +8,7 @@ CPU-bound steps run in worker threads so the event loop stays responsive.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from processing import classify as classify_proc
 from processing import ner as ner_proc
 from processing import qa as qa_proc
 from processing.tokenizer import Encoding
+from processing.words import LEGACY_WORD_SPLIT
 
 from .batcher import ItemResult, WorkItem
 from .errors import ApiError
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from .registry import Bundle
 
 T = TypeVar("T")
+log = logging.getLogger("app.services")
 
 
 class Timings:
@@ -219,9 +222,18 @@ class NERService(TaskService):
     def __init__(self, bundle: Bundle, settings: Settings):
         super().__init__(bundle, settings)
         self.id2label = dict(enumerate(self.manifest.labels or []))
+        self.word_split = self.manifest.preprocessing.get("word_split")
+        if self.word_split is None:
+            self.word_split = LEGACY_WORD_SPLIT
+            log.info(
+                "bundle %s records no word_split (exported before it was recorded): entities are "
+                "built over %r words, the rule its training used",
+                self.manifest.name,
+                self.word_split,
+            )
 
     def _encode(self, text: str) -> tuple[Any, list[ner_proc.NERWindow]]:
-        tokens = self.tokenizer.tokenize(text)
+        tokens = ner_proc.tokenize_text(self.tokenizer, text, self.word_split)
         return tokens, ner_proc.make_windows(self.tokenizer, tokens, self.max_seq_len, self.window_overlap)
 
     async def __call__(self, request: NERRequest, timings: Timings) -> NERResponse:

@@ -77,6 +77,8 @@ class BundleManifest:
     variants: dict[str, VariantInfo]
     tokenizer_files: dict[str, FileInfo]
     qa_defaults: dict[str, int] | None = None
+    # Rules training used that serving repeats: word_split (NER), window_overlap.
+    preprocessing: dict[str, Any] = field(default_factory=dict)
     verification: dict[str, Any] = field(default_factory=dict)
     optimization: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] = field(default_factory=dict)

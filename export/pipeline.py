@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from processing.words import WORD_SPLITS
+
 from . import optimize, quantize
 from .bundle import (
     DEFAULT_QA,
@@ -90,6 +92,14 @@ def _labels(config, task: str) -> tuple[list[str] | None, str | None]:
     if task == "ner":
         return labels, None
     return labels, "regression" if len(labels) == 1 else "single_label_classification"
+
+
+def _preprocessing(config, task: str) -> dict[str, Any]:
+    """Training-time rules serving must repeat (processing.words), as recorded by model.train."""
+    recorded = {k: config.extra[k] for k in ("word_split", "window_overlap") if k in config.extra}
+    if task == "ner" and recorded.get("word_split", WORD_SPLITS[0]) not in WORD_SPLITS:
+        raise ExportError(f"config word_split {recorded['word_split']!r} is not one of {WORD_SPLITS}")
+    return recorded
 
 
 def _qa_defaults(overrides: dict[str, int] | None, max_seq_len: int) -> dict[str, int]:
@@ -218,6 +228,7 @@ def export_bundle(
             },
             tokenizer_files=_copy_tokenizer(checkpoint_dir, stage),
             qa_defaults=qa,
+            preprocessing=_preprocessing(config, task),
             verification=run.verification,
             optimization=run.optimization,
             quantization=run.quantization,

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from processing.tokenizer import TextTokenizer
+from processing.words import WORD_SPLITS, split_words
 
 from .bert import TASK_HEADS, BertModel
 from .checkpoint import CheckpointError, resolve_base
@@ -102,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="tokens shared by neighbouring windows of long texts (classify windows, ner); "
         "default min(32, a quarter of the window)",
+    )
+
+    g.add_argument(
+        "--word-split",
+        choices=WORD_SPLITS,
+        default="conll",
+        help="ner: how serving cuts raw text into the words the data labels (saved with the model; "
+        "see processing/words.py)",
     )
 
     g = p.add_argument_group("optimisation")
@@ -224,6 +233,8 @@ def prepare_data(args, task, base_dir: Path, given_labels: list[str] | None):
     for path in args.extra_train:
         train_examples += load_examples(args, path, args.limit_extra, fmt="auto")
     valid_examples = subsample(valid_examples, args.limit_eval, args.seed)
+    if args.task == "ner":
+        check_word_split(train_examples, args.word_split)
     task.fit_labels(train_examples, given_labels, base_labels(args.task, base_dir))
     train = task.features(train_examples, train=True)
     valid = task.features(valid_examples, train=False) if valid_examples else None
@@ -236,6 +247,22 @@ def prepare_data(args, task, base_dir: Path, given_labels: list[str] | None):
         time.time() - started,
     )
     return train, valid
+
+
+def check_word_split(examples: list, rule: str) -> float:
+    """The share of sentences whose words serving's rule gives back from the joined text; a rule
+    that does not fit the data would make served entities differ from the evaluated ones."""
+    if rule == "bert" or not examples:
+        return 1.0
+    same = 0
+    for e in examples:
+        text = " ".join(e.words)
+        same += [text[s:t] for s, t in split_words(text, rule)] == e.words
+    share = same / len(examples)
+    (log.info if share >= 0.99 else log.warning)(
+        "word_split %r gives back the words of %.2f%% of the training sentences", rule, 100 * share
+    )
+    return share
 
 
 def base_labels(task_name: str, base_dir: Path) -> list[str] | None:
@@ -278,9 +305,13 @@ def fresh_head(head, base_dir: Path, overrides: dict) -> torch.nn.Module:
     return model
 
 
-def model_extra(args) -> dict:
+def model_extra(args, task: Task) -> dict:
     """Preprocessing settings recorded in config.json, so serving can match training."""
     extra: dict = {"max_seq_len": args.max_seq_len}
+    if args.task in ("classify", "ner"):
+        extra["window_overlap"] = task.options.window_overlap
+    if args.task == "ner":
+        extra["word_split"] = args.word_split
     if args.task == "qa":
         extra.update(
             doc_stride=args.doc_stride, max_query_len=args.max_query_len, max_answer_len=args.max_answer_len
@@ -310,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict:
     train, valid = prepare_data(args, task, base_dir, given)
 
     torch.manual_seed(args.seed)  # head initialisation does not depend on how the data was read
-    model = build_model(task, base_dir, model_extra(args))
+    model = build_model(task, base_dir, model_extra(args, task))
     metric = args.metric_for_best or DEFAULT_METRIC[args.task]
     if args.task == "classify" and task.problem_type == "regression" and not args.metric_for_best:
         metric = "pearson"

@@ -10,6 +10,7 @@ import numpy as np
 
 from .padding import softmax
 from .tokenizer import Encoding, TextTokenizer, Tokens, window_spans
+from .words import split_words
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 IGNORE = -100
@@ -41,6 +42,14 @@ def split_label(label: str) -> tuple[str, str]:
         return "O", ""
     prefix, kind = label.split("-", 1)
     return prefix, kind
+
+
+def tokenize_text(tokenizer: TextTokenizer, text: str, word_split: str) -> Tokens:
+    """Raw text as the model's words (the rule it was trained with, processing.words), with
+    word_ids over those words and offsets into `text`."""
+    if word_split == "bert":
+        return tokenizer.tokenize(text)
+    return tokenizer.tokenize_spans(text, split_words(text, word_split))
 
 
 # ----------------------------------------------------------------------------- windows

@@ -107,6 +107,18 @@ class TextTokenizer:
         """Pre-split words (CoNLL); word_ids index `words`, offsets are within each word."""
         return self._to_tokens(self.tokenizer.encode(words, is_pretokenized=True, add_special_tokens=False))
 
+    def tokenize_spans(self, text: str, spans: list[tuple[int, int]]) -> Tokens:
+        """`text` cut into the given [start, end) words; word_ids index `spans`, offsets are
+        into `text`."""
+        if not spans:
+            return self.tokenize("")
+        tokens = self.tokenize_words([text[s:e] for s, e in spans])
+        starts = np.asarray([s for s, _ in spans], dtype=np.int64)
+        # Offsets come back within each word: shift them by the word's start in the text.
+        shift = np.where(tokens.word_ids >= 0, starts[np.maximum(tokens.word_ids, 0)], 0)
+        tokens.offsets = tokens.offsets + shift[:, None]
+        return tokens
+
     # ------------------------------------------------------------------ assembling
 
     def build(self, first: Tokens, second: Tokens | None = None) -> Encoding:

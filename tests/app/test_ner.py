@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import shutil
+from pathlib import Path
+
 import numpy as np
 
 from tests.app.conftest import bundle_of, serving
@@ -84,3 +89,61 @@ async def test_entities_across_windows(models_dir):
         assert out["windows"] > 3
         assert [e["start"] for e in out["entities"]] == expected
         assert all(e["text"] == "john smith" and e["entity"] == "PER" for e in out["entities"])
+
+
+def with_word_split(bundle: Path, target: Path, rule: str | None) -> Path:
+    """A copy of the NER bundle whose manifest records `rule` (None: an older bundle, no record)."""
+    shutil.copytree(bundle, target)
+    manifest = json.loads((target / "bundle.json").read_text())
+    manifest.pop("preprocessing", None)
+    if rule is not None:
+        manifest["preprocessing"] = {"word_split": rule}
+    (target / "bundle.json").write_text(json.dumps(manifest))
+    return target
+
+
+WORDY = "j. smith  lives\n\nin paris-the-city, not paris's river; john\nsmith."
+
+
+def install_initials_marker(app) -> None:
+    """As install_marker, and the initial `j` opens a person too."""
+    install_marker(app)
+    runtime = bundle_of(app, "ner").batcher.runtime
+    vocab = bundle_of(app, "ner").tokenizer.tokenizer.get_vocab()
+    runtime.marks[vocab["j"]] = runtime.marks[vocab["john"]]
+
+
+async def test_entities_follow_the_words_the_model_was_trained_on(app_bundles, tmp_path):
+    """Under the conll rule `j.` is one word (as `P.` in CoNLL), so `j. smith` is one person;
+    hyphenated names stay whole and trailing punctuation or a clitic stays out."""
+    models = tmp_path / "models"
+    with_word_split(app_bundles["ner"], models / "ner", "conll")
+    async with serving(models) as (app, client):
+        install_initials_marker(app)
+        out = (await client.post("/ner", json={"text": WORDY})).json()
+    found = [(e["entity"], e["text"]) for e in out["entities"]]
+    assert found == [("PER", "j. smith"), ("LOC", "paris-the-city"), ("LOC", "paris"), ("PER", "john\nsmith")]
+    for e in out["entities"]:
+        assert WORDY[e["start"] : e["end"]] == e["text"]
+
+
+async def test_the_bert_rule_splits_every_punctuation_mark(app_bundles, tmp_path):
+    models = tmp_path / "models"
+    with_word_split(app_bundles["ner"], models / "ner", "bert")
+    async with serving(models) as (app, client):
+        install_initials_marker(app)
+        out = (await client.post("/ner", json={"text": WORDY})).json()
+    found = [(e["entity"], e["text"]) for e in out["entities"]]
+    assert found[:3] == [("PER", "j"), ("PER", "smith"), ("LOC", "paris")]
+
+
+async def test_a_bundle_without_a_recorded_rule_loads_and_says_which_it_uses(app_bundles, tmp_path, caplog):
+    models = tmp_path / "models"
+    with_word_split(app_bundles["ner"], models / "ner", None)
+    with caplog.at_level(logging.INFO, logger="app.services"):
+        async with serving(models) as (app, client):
+            install_initials_marker(app)
+            out = (await client.post("/ner", json={"text": WORDY})).json()
+    assert [e["text"] for e in out["entities"]][0] == "j. smith"
+    notes = [r.getMessage() for r in caplog.records if "records no word_split" in r.getMessage()]
+    assert notes and "'conll'" in notes[0]

@@ -21,7 +21,7 @@ from processing import choice as choice_proc
 from processing import classify as classify_proc
 from processing import ner as ner_proc
 from processing import qa as qa_proc
-from processing.tokenizer import Encoding
+from processing.tokenizer import Encoding, default_window_overlap
 from processing.words import LEGACY_WORD_SPLIT
 
 from .batcher import ItemResult, WorkItem
@@ -117,8 +117,14 @@ class TaskService:
         self.batcher = bundle.batcher
         self.settings = settings
         self.max_seq_len = self.manifest.max_seq_len
-        # Windows must advance: the overlap stays below half a window.
-        self.window_overlap = min(settings.window_overlap, (self.max_seq_len - 2) // 2)
+        # The overlap the model was trained with, unless WINDOW_OVERLAP overrides it; windows must
+        # advance, so it stays below half a window.
+        overlap = settings.window_overlap
+        if overlap is None:
+            overlap = self.manifest.preprocessing.get("window_overlap")
+        if overlap is None:
+            overlap = default_window_overlap(self.max_seq_len)
+        self.window_overlap = min(overlap, (self.max_seq_len - 2) // 2)
 
     async def infer(self, items: list[WorkItem], timings: Timings) -> list[ItemResult]:
         """Submit (raises QueueFull / TooLarge / BatcherClosed at once) and wait for every item."""

@@ -48,7 +48,9 @@ class Settings(BaseSettings):
     max_qa_context_chars: int = Field(100_000, ge=1)
     max_batch_items: int = Field(64, ge=1)
     max_choices: int = Field(16, ge=2)
-    window_overlap: int = Field(32, ge=0, description="Tokens shared by NER / classify windows")
+    window_overlap: int | None = Field(
+        None, ge=0, description="Tokens shared by NER / classify windows (unset: the bundle's own)"
+    )
     api_key: SecretStr | None = None
     cors_origins: str = ""
     log_level: str = "INFO"

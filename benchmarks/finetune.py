@@ -147,9 +147,10 @@ def run(cmd: list[str], log_path: Path | None = None) -> float:
 
 
 def evaluate(checkpoint: Path, data_args: list[str], threads: int) -> dict:
-    from model.evaluate import evaluate_checkpoint
+    from model.evaluate import evaluate_checkpoint, select_examples
 
-    return evaluate_checkpoint(checkpoint, [*data_args, "--num-threads", str(threads)])
+    task, examples = select_examples(data_args)
+    return evaluate_checkpoint(checkpoint, task, examples, [*data_args, "--num-threads", str(threads)])
 
 
 def rename_labels(checkpoint: Path, names: dict[str, str]) -> None:

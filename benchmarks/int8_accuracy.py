@@ -14,12 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
-import time
 from pathlib import Path
-
-import numpy as np
-import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -27,59 +22,20 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from finetune import recipes  # noqa: E402
 
-from export.bundle import load_bundle_manifest  # noqa: E402
-from export.verify import make_session  # noqa: E402
-from model.bert import HeadOutput  # noqa: E402
-from model.train import build_parser, make_task, prepare_data  # noqa: E402
-from model.trainer import TrainConfig, Trainer  # noqa: E402
-from processing.tokenizer import TextTokenizer  # noqa: E402
-
-
-class OrtHead(torch.nn.Module):
-    """Looks like one of our heads to the evaluation loop; runs an ONNX Runtime session."""
-
-    def __init__(self, onnx_path: Path, config, threads: int, disabled_optimizers: list[str]):
-        super().__init__()
-        self.session = make_session(onnx_path, threads, disabled_optimizers)
-        self.inputs = [i.name for i in self.session.get_inputs()]
-        self.outputs = [o.name for o in self.session.get_outputs()]
-        self.config = config
-        self.placeholder = torch.nn.Parameter(torch.zeros(1))  # the trainer builds an optimizer
-
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, **_labels) -> HeadOutput:
-        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        feeds = {name: given[name].numpy().astype(np.int64) for name in self.inputs}
-        result = dict(zip(self.outputs, self.session.run(None, feeds), strict=True))
-        return HeadOutput(
-            **{name: torch.from_numpy(np.asarray(v, dtype=np.float32)) for name, v in result.items()}
-        )
+from model.evaluate import evaluate_bundle, select_examples  # noqa: E402
 
 
 def evaluate_variant(bundle: Path, variant: str, recipe: dict, threads: int) -> dict:
-    from model.config import BertConfig
-
-    manifest = load_bundle_manifest(bundle)
-    args = build_parser().parse_args([*recipe["data"], "--base", str(bundle), "--out", "unused"])
-    # the data files' own label codes, where the bundle shows readable names
-    codes = {name: code for code, name in recipe.get("label_names", {}).items()}
-    labels = [codes.get(label, label) for label in manifest.labels] if manifest.labels else None
-    tokenizer = TextTokenizer.from_dir(bundle)
-    task = make_task(args, tokenizer)
-    with tempfile.TemporaryDirectory() as tmp:
-        # prepare_data reads labels from a config.json; give it the bundle's.
-        config = BertConfig(task=manifest.task)
-        if labels:
-            config.id2label = dict(enumerate(labels))
-        config.save_pretrained(tmp)
-        train, valid = prepare_data(args, task, Path(tmp), labels)
-        info = manifest.variants[variant]
-        head = OrtHead(bundle / info.file, config, threads, info.disabled_optimizers)
-        trainer = Trainer(head, task, train, valid, TrainConfig(eval_batch_size=32, progress=False), tmp)
-        started = time.perf_counter()
-        metrics = trainer.evaluate()
-    metrics.pop("loss", None)
-    metrics["seconds"] = time.perf_counter() - started
-    return metrics
+    task, examples = select_examples(recipe["data"])
+    return evaluate_bundle(
+        bundle,
+        variant,
+        task,
+        examples,
+        recipe["data"],
+        label_names=recipe.get("label_names"),
+        threads=threads,
+    )
 
 
 def main() -> None:

@@ -21,10 +21,8 @@ def select_articles(examples: list, spec: str) -> tuple[list, str]:
         chosen = titles
     elif kind == "trainer":
         fraction, _, seed = rest.partition(":")
-        try:
-            from model.train_utils import split_by_group
-        except ImportError:  # older layout
-            from model.features import split_by_group  # type: ignore[no-redef]
+        from model.splits import split_by_group
+
         held = split_by_group(examples, float(fraction or 0.15), int(seed or 42))[1]
         chosen = list(dict.fromkeys(e.group for e in held))
     elif kind == "last":

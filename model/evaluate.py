@@ -1,10 +1,20 @@
-"""Evaluate a checkpoint on the validation data a training run used.
+"""Evaluate a model the way training does: a checkpoint, an exported bundle, or a live service.
 
-    python -m model.evaluate CHECKPOINT -- <the same data options as model.train>
+    python -m model.evaluate CHECKPOINT            DATA   # PyTorch
+    python -m model.evaluate --bundle DIR [--variant int8] DATA   # ONNX Runtime on a bundle
+    python -m model.evaluate --url http://host:8000 [--model NAME] DATA   # the service, over HTTP
 
-The data options (task, --train, --validation / --validation-fraction, --seed,
---max-seq-len, ...) go through model.train's own parser and data preparation, so a
-held-out split is exactly the one the training run held out.
+DATA is either every example of one file,
+
+    --task ner --data ../shared/data/conll2003/dev.txt
+
+or, after `--`, the data options of the `python -m model.train` run, so that the validation slice
+is exactly the one that run held out:
+
+    -- --task classify --train ../shared/data/sst2/train.tsv --validation-fraction 0.12 --holdout whole-texts
+
+Examples are read by the trainer's readers and scored by its metrics (accuracy/F1, seqeval
+entity F1, SQuAD EM/F1), in every mode; only where the predictions come from differs.
 """
 
 from __future__ import annotations
@@ -14,46 +24,210 @@ import json
 import logging
 import sys
 import tempfile
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
-from processing.tokenizer import TextTokenizer
-
-from .bert import TASK_HEADS
-from .train import build_parser, make_task, prepare_data
-from .trainer import TrainConfig, Trainer
+from .readers import FORMATS
+from .splits import DataOptions, read_file, split_examples, subsample
 
 
-def evaluate_checkpoint(checkpoint: Path, train_argv: list[str], eval_batch_size: int = 64) -> dict:
-    args = build_parser().parse_args([*train_argv, "--base", str(checkpoint), "--out", "unused"])
-    if args.num_threads:
-        torch.set_num_threads(args.num_threads)
-    tokenizer = TextTokenizer.from_dir(checkpoint)
-    task = make_task(args, tokenizer)
-    train, valid = prepare_data(args, task, checkpoint, None)
-    if valid is None:
-        raise SystemExit("no validation data: pass --validation or --validation-fraction")
-    model = TASK_HEADS[args.task].from_pretrained(checkpoint)
+def parse_label_names(spec: str | None) -> dict[str, str]:
+    """'0=negative,1=positive' -> {'0': 'negative', '1': 'positive'} (data label -> model label)."""
+    if not spec:
+        return {}
+    pairs = [item.split("=", 1) for item in spec.split(",") if item.strip()]
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"--label-names takes DATA=MODEL pairs separated by commas, got {spec!r}")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def train_args(train_argv: Sequence[str]) -> argparse.Namespace:
+    from .train import build_parser
+
+    return build_parser().parse_args([*train_argv, "--out", "unused"])
+
+
+def select_examples(
+    train_argv: Sequence[str] = (),
+    task: str | None = None,
+    data: Path | None = None,
+    fmt: str = "auto",
+    limit: int | None = None,
+    seed: int = 42,
+) -> tuple[str, list]:
+    """(task, examples): the held-out slice of a training run's data, or every example of `data`."""
+    if train_argv:
+        from .train import data_options
+
+        options = data_options(train_args(train_argv))
+        return options.task, split_examples(options)[1]
+    if not (task and data):
+        raise SystemExit("give --task and --data, or the training run's data options after --")
+    options = DataOptions(task=task, train=data, format=fmt)
+    return task, subsample(read_file(options, data), limit, seed)
+
+
+def feature_task(task_name: str, tokenizer, train_argv: Sequence[str], recorded: dict):
+    """The task's feature builder: the training run's options, else what the model recorded."""
+    from .features import TASKS, FeatureOptions
+    from .train import make_task
+
+    if train_argv:
+        return make_task(train_args(train_argv), tokenizer)
+    options = FeatureOptions(**{k: v for k, v in recorded.items() if v is not None})
+    return TASKS[task_name](tokenizer, options)
+
+
+def run_evaluation(model, task, examples: list, labels: list[str] | None, eval_batch_size: int) -> dict:
+    """The trainer's own evaluation loop over `examples`."""
+    from .trainer import TrainConfig, Trainer
+
+    task.fit_labels(examples, labels)
+    valid = task.features(examples, train=False)
     config = TrainConfig(batch_size=1, eval_batch_size=eval_batch_size, precision="fp32", progress=False)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(model, task, train, valid, config, tmp, log_dir=Path(tmp) / "runs")
-        return trainer.evaluate()
+        trainer = Trainer(model, task, valid, valid, config, tmp, log_dir=Path(tmp) / "runs")
+        metrics = trainer.evaluate()
+    metrics.pop("loss", None)
+    return metrics
 
 
-def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
+def evaluate_checkpoint(
+    checkpoint: Path,
+    task_name: str,
+    examples: list,
+    train_argv: Sequence[str] = (),
+    eval_batch_size: int = 64,
+) -> dict:
+    """A checkpoint in PyTorch; features as the training run made them (or as the model recorded)."""
+    import torch
+
+    from processing.tokenizer import TextTokenizer
+
+    from .bert import TASK_HEADS
+    from .config import BertConfig
+
+    if train_argv and train_args(train_argv).num_threads:
+        torch.set_num_threads(train_args(train_argv).num_threads)
+    config = BertConfig.from_pretrained(checkpoint)
+    keys = ("max_seq_len", "long_text", "window_overlap", "doc_stride", "max_query_len", "max_answer_len")
+    recorded = {k: config.extra.get(k) for k in keys}
+    task = feature_task(task_name, TextTokenizer.from_dir(checkpoint), train_argv, recorded)
+    labels = [config.id2label[i] for i in range(len(config.id2label))] if config.id2label else None
+    if task_name == "classify" and config.problem_type == "regression":
+        labels = ["regression"]
+    model = TASK_HEADS[task_name].from_pretrained(checkpoint)
+    return run_evaluation(model, task, examples, labels, eval_batch_size)
+
+
+def evaluate_bundle(
+    bundle: Path,
+    variant: str,
+    task_name: str,
+    examples: list,
+    train_argv: Sequence[str] = (),
+    *,
+    label_names: dict[str, str] | None = None,
+    threads: int = 2,
+    eval_batch_size: int = 32,
+) -> dict:
+    """A bundle's variant on ONNX Runtime, through the trainer's evaluation loop. Features follow the
+    training run's options, else the manifest (what the service uses)."""
+    from export.bundle import DEFAULT_QA, load_bundle_manifest
+    from processing.tokenizer import TextTokenizer
+
+    from .ort_head import OrtHead
+
+    manifest = load_bundle_manifest(bundle)
+    if task_name != manifest.task:
+        raise SystemExit(f"{bundle} is a {manifest.task} bundle; the data is for {task_name}")
+    recorded = {
+        "max_seq_len": manifest.max_seq_len,
+        "window_overlap": manifest.preprocessing.get("window_overlap"),
+    }
+    if manifest.task == "qa":
+        recorded.update({**DEFAULT_QA, **(manifest.qa_defaults or {})})
+    task = feature_task(task_name, TextTokenizer.from_dir(bundle), train_argv, recorded)
+    to_data = {name: code for code, name in (label_names or {}).items()}
+    labels = [to_data.get(label, label) for label in manifest.labels] if manifest.labels else None
+    if manifest.problem_type == "regression":
+        labels = ["regression"]
+    info = manifest.variants[variant]
+    head = OrtHead(bundle / info.file, threads, info.disabled_optimizers)
+    started = time.perf_counter()
+    metrics = run_evaluation(head, task, examples, labels, eval_batch_size)
+    metrics["seconds"] = time.perf_counter() - started
+    return metrics
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m model.evaluate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--eval-batch-size", type=int, default=64)
+    where = parser.add_argument_group("what to evaluate (one of)")
+    where.add_argument("checkpoint", nargs="?", type=Path, help="a checkpoint directory (PyTorch)")
+    where.add_argument("--bundle", type=Path, help="a bundle directory (ONNX Runtime)")
+    where.add_argument("--url", help="a running service, e.g. http://127.0.0.1:8000")
+    data = parser.add_argument_group("data (or the training run's data options after --)")
+    data.add_argument("--task", choices=sorted(FORMATS))
+    data.add_argument("--data", type=Path, help="evaluate every example of this file")
+    data.add_argument("--format", default="auto", help="input format; auto-detected")
+    data.add_argument("--limit", type=int, help="a random subset of this many examples")
+    data.add_argument("--seed", type=int, default=42, help="seed of --limit")
+    data.add_argument(
+        "--label-names", help="data label -> model label, e.g. 0=negative,1=positive (SST-2's 0/1)"
+    )
+    options = parser.add_argument_group("options")
+    options.add_argument("--variant", default="int8", help="--bundle: which variant")
+    options.add_argument("--threads", type=int, default=2, help="--bundle: ONNX Runtime threads")
+    options.add_argument("--eval-batch-size", type=int, default=64, help="checkpoint and --bundle")
+    options.add_argument("--model", help="--url: the model name to ask for (default: the task's default)")
+    options.add_argument("--concurrency", type=int, default=16, help="--url: requests in flight")
+    options.add_argument("--api-key", help="--url: the service's API_KEY, if it has one")
+    options.add_argument("--no-progress", dest="progress", action="store_false")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
+    parser = build_parser()
     args, train_argv = parser.parse_args(argv[:split]), argv[split + 1 :]
+    chosen = [x for x in (args.checkpoint, args.bundle, args.url) if x]
+    if len(chosen) != 1:
+        parser.error("give exactly one of CHECKPOINT, --bundle or --url")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    metrics = evaluate_checkpoint(args.checkpoint, train_argv, args.eval_batch_size)
+    label_names = parse_label_names(args.label_names)
+    task, examples = select_examples(train_argv, args.task, args.data, args.format, args.limit, args.seed)
+    if args.url:
+        from .live_eval import evaluate_live
+
+        metrics = evaluate_live(
+            args.url,
+            task,
+            examples,
+            model=args.model,
+            label_names=label_names,
+            concurrency=args.concurrency,
+            progress=args.progress,
+            api_key=args.api_key,
+        )
+    elif args.bundle:
+        metrics = evaluate_bundle(
+            args.bundle,
+            args.variant,
+            task,
+            examples,
+            train_argv,
+            label_names=label_names,
+            threads=args.threads,
+            eval_batch_size=args.eval_batch_size,
+        )
+    else:
+        metrics = evaluate_checkpoint(args.checkpoint, task, examples, train_argv, args.eval_batch_size)
     print(json.dumps(metrics, indent=2))
     return metrics
 

@@ -19,7 +19,7 @@ from processing import qa as pqa
 from processing.choice import encode_choices
 from processing.metrics import accuracy, entity_scores, f1_score, pearson, spearman, squad_scores
 from processing.padding import pad_batch, pad_choices
-from processing.tokenizer import TextTokenizer
+from processing.tokenizer import TextTokenizer, default_window_overlap
 
 from .readers import ChoiceExample, ClassifyExample, NERExample, QAExample
 
@@ -63,7 +63,7 @@ class FeatureOptions:
 
     def __post_init__(self) -> None:
         if self.window_overlap is None:
-            self.window_overlap = min(32, (self.max_seq_len - 2) // 4)
+            self.window_overlap = default_window_overlap(self.max_seq_len)
 
 
 @dataclass

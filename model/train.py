@@ -26,9 +26,9 @@ from .bert import TASK_HEADS, BertModel
 from .checkpoint import CheckpointError, resolve_base
 from .config import BertConfig
 from .features import DEFAULT_METRIC, TASKS, FeatureOptions, Task, check_metric
-from .readers import FORMATS, DataError, read_examples
+from .readers import FORMATS, DataError
 from .schedules import SCHEDULES
-from .train_utils import split_by_group, subsample
+from .splits import HOLDOUTS, DataOptions, read_file, split_examples, subsample
 from .trainer import TrainConfig, Trainer
 
 log = logging.getLogger("model.train")
@@ -63,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="without --validation, hold out this fraction of the training file, by article "
         "(SQuAD title, RACE passage, CoNLL document; rows elsewhere)",
+    )
+    g.add_argument(
+        "--holdout",
+        choices=HOLDOUTS,
+        default="group",
+        help="with --validation-fraction: hold out whole groups, or whole texts (texts inside no other "
+        "example's text; every phrase of a held-out text leaves training: SST-2)",
     )
     all_formats = sorted({f for fs in FORMATS.values() for f in fs})
     g.add_argument(
@@ -191,16 +198,21 @@ def make_task(args, tokenizer: TextTokenizer) -> Task:
     return TASKS[args.task](tokenizer, options)
 
 
-def load_examples(args, path: Path, limit: int | None, fmt: str | None = None) -> list:
-    options = {}
-    if args.task == "classify":
-        options = {
-            "text_column": args.text_column,
-            "pair_column": args.pair_column,
-            "label_column": args.label_column,
-        }
-    examples = read_examples(args.task, path, fmt or args.format, **options)
-    return subsample(examples, limit, args.seed)
+def data_options(args) -> DataOptions:
+    return DataOptions(
+        task=args.task,
+        train=args.train,
+        validation=args.validation,
+        validation_fraction=args.validation_fraction,
+        holdout=args.holdout,
+        seed=args.seed,
+        format=args.format,
+        text_column=args.text_column,
+        pair_column=args.pair_column,
+        label_column=args.label_column,
+        limit_train=args.limit_train,
+        limit_eval=args.limit_eval,
+    )
 
 
 def prepare_data(args, task, base_dir: Path, given_labels: list[str] | None):
@@ -222,17 +234,10 @@ def prepare_data(args, task, base_dir: Path, given_labels: list[str] | None):
         )
         return train, valid
     started = time.time()
-    train_examples = load_examples(args, args.train, None)
-    if args.validation:
-        valid_examples = load_examples(args, args.validation, None)
-    elif args.validation_fraction:
-        train_examples, valid_examples = split_by_group(train_examples, args.validation_fraction, args.seed)
-    else:
-        valid_examples = []
-    train_examples = subsample(train_examples, args.limit_train, args.seed)
+    options = data_options(args)
+    train_examples, valid_examples = split_examples(options)
     for path in args.extra_train:
-        train_examples += load_examples(args, path, args.limit_extra, fmt="auto")
-    valid_examples = subsample(valid_examples, args.limit_eval, args.seed)
+        train_examples += subsample(read_file(options, path, "auto"), args.limit_extra, args.seed)
     if args.task == "ner":
         check_word_split(train_examples, args.word_split)
     task.fit_labels(train_examples, given_labels, base_labels(args.task, base_dir))

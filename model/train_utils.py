@@ -7,7 +7,6 @@ import functools
 import logging
 import math
 import os
-import random
 from typing import Any
 
 import numpy as np
@@ -20,33 +19,6 @@ EMBEDDING_TABLES = ("word_embeddings", "position_embeddings", "token_type_embedd
 
 
 # ----------------------------------------------------------------------------- data
-
-
-def split_by_group(examples: list, fraction: float, seed: int) -> tuple[list, list]:
-    """Hold out whole groups (articles, passages, documents) of about `fraction` of the examples."""
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"validation fraction must be between 0 and 1, got {fraction}")
-    groups = list(dict.fromkeys(e.group for e in examples))
-    if len(groups) < 2:
-        raise ValueError("cannot hold out a validation slice: the data has a single article/group")
-    random.Random(seed).shuffle(groups)
-    target, held, count = fraction * len(examples), set(), 0
-    sizes: dict[str, int] = {}
-    for e in examples:
-        sizes[e.group] = sizes.get(e.group, 0) + 1
-    for g in groups[:-1]:
-        if count >= target:
-            break
-        held.add(g)
-        count += sizes[g]
-    return [e for e in examples if e.group not in held], [e for e in examples if e.group in held]
-
-
-def subsample(examples: list, limit: int | None, seed: int) -> list:
-    if not limit or limit >= len(examples):
-        return examples
-    keep = sorted(np.random.default_rng(seed).permutation(len(examples))[:limit].tolist())
-    return [examples[i] for i in keep]
 
 
 # ----------------------------------------------------------------------------- batches and devices

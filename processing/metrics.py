@@ -127,13 +127,21 @@ def entity_scores(gold: Iterable[Sequence[str]], predicted: Iterable[Sequence[st
             raise ValueError(f"sentence {n}: {len(g)} gold tags but {len(p)} predicted")
         gold_set.update((n, *e) for e in get_entities(g))
         pred_set.update((n, *e) for e in get_entities(p))
-    correct = len(gold_set & pred_set)
-    precision = correct / len(pred_set) if pred_set else 0.0
-    recall = correct / len(gold_set) if gold_set else 0.0
-    result = {"precision": precision, "recall": recall, "f1": _f1(correct, len(pred_set), len(gold_set))}
-    for kind in sorted({e[1] for e in gold_set | pred_set}):
-        g = {e for e in gold_set if e[1] == kind}
-        p = {e for e in pred_set if e[1] == kind}
+    return span_scores(gold_set, pred_set)
+
+
+def span_scores(
+    gold: set[tuple[int, str, int, int]], predicted: set[tuple[int, str, int, int]]
+) -> dict[str, float]:
+    """Exact-match scores of (sentence, type, start, end) entities: word indices from tags, or
+    character offsets from a service's answers (the same entities when they fall on words)."""
+    correct = len(gold & predicted)
+    precision = correct / len(predicted) if predicted else 0.0
+    recall = correct / len(gold) if gold else 0.0
+    result = {"precision": precision, "recall": recall, "f1": _f1(correct, len(predicted), len(gold))}
+    for kind in sorted({e[1] for e in gold | predicted}):
+        g = {e for e in gold if e[1] == kind}
+        p = {e for e in predicted if e[1] == kind}
         result[f"f1_{kind}"] = _f1(len(g & p), len(p), len(g))
     return result
 

@@ -170,6 +170,12 @@ def truncate_pair(first: Tokens, second: Tokens | None, max_length: int) -> tupl
     return first, (second.slice(0, n2) if second is not None else None)
 
 
+def default_window_overlap(max_seq_len: int) -> int:
+    """Tokens shared by neighbouring NER/classify windows where a model records none: 32, at most a
+    quarter of the window (training's default, and serving's for bundles that predate the record)."""
+    return min(32, (max_seq_len - 2) // 4)
+
+
 def window_spans(n_tokens: int, capacity: int, overlap: int) -> list[tuple[int, int]]:
     """[start, end) token spans of at most `capacity`, consecutive spans sharing `overlap` tokens."""
     if capacity < 1:

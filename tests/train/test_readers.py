@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from model.readers import DataError, detect_format, read_examples
-from model.train_utils import split_by_group
+from model.splits import split_by_group
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -168,7 +169,7 @@ def train_commands(name: str, recipe: dict, threads: int) -> list[tuple[Path, li
     steps.append((name, [*recipe["data"], *recipe["train"]]))
     commands, base = [], BASE
     for out_name, args in steps:
-        out = REPO / "runs" / out_name
+        out = Path("runs") / out_name  # relative: commands run in REPO and are recorded
         cmd = [sys.executable, "-m", "model.train", *args, "--base", str(base), *COMMON]
         commands.append((out, [*cmd, "--num-threads", str(threads), "--out", str(out)]))
         base = out
@@ -255,7 +256,9 @@ def main() -> None:
     if not args.data.exists():
         print(f"{args.data} is absent: nothing to fine-tune on; skipping")
         return
-    all_recipes = recipes(args.data)
+    # Relative to the repository where it can be, so the recorded commands hold no machine paths.
+    os.chdir(REPO)
+    all_recipes = recipes(Path(os.path.relpath(args.data.resolve(), REPO)))
     results = {}
     for name in args.tasks.split(","):
         results[name] = one_task(name, all_recipes[name], args)

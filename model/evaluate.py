@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
     if len(chosen) != 1:
         parser.error("give exactly one of CHECKPOINT, --bundle or --url")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     label_names = parse_label_names(args.label_names)
     task, examples = select_examples(train_argv, args.task, args.data, args.format, args.limit, args.seed)
     if args.url:

@@ -374,7 +374,8 @@ def main(argv: list[str] | None = None) -> dict:
         progress=args.progress,
         trim_memory=args.trim_memory,
     )
-    command = shlex.join([sys.executable, "-m", "model.train", *(argv if argv is not None else sys.argv[1:])])
+    # "python", not this interpreter's path: the command is recorded in results files for others to run.
+    command = shlex.join(["python", "-m", "model.train", *(argv if argv is not None else sys.argv[1:])])
     trainer = Trainer(
         model,
         task,

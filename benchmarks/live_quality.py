@@ -1,0 +1,159 @@
+"""The default models' quality as a user meets it: scored through the live HTTP service.
+
+    python -m benchmarks.live_quality [--tasks sst2,conll03,codah,squad] [--bundles .cache/bundles]
+
+Starts `uvicorn app.main:app` on the default bundles with the service's default settings (what
+`make serve` runs: the int8 variant on a CPU), sends every held-out example of each default's
+validation data (the recipe's own slice, `benchmarks/finetune.py`) as one request, and scores
+the answers with `python -m model.evaluate --url`'s code. Beside it, the same bundle variant is
+scored offline (ONNX Runtime in the trainer's evaluation loop, batched). Results:
+benchmarks/results/live_quality.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.finetune import recipes  # noqa: E402
+from model.evaluate import evaluate_bundle, select_examples  # noqa: E402
+from model.live_eval import evaluate_live  # noqa: E402
+
+COMMAND = "python -m benchmarks.live_quality"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_service(models_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "MODELS_DIR": str(models_dir), "LOG_LEVEL": "WARNING"}
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the service exited: see {log_path}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    process.terminate()
+    raise SystemExit(f"the service was not ready in 300 s: see {log_path}")
+
+
+def served_variants(url: str) -> dict[str, str]:
+    return {m["name"]: m["variant"] for m in httpx.get(f"{url}/models", timeout=30).json()["models"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tasks", default="sst2,conll03,codah,squad")
+    parser.add_argument("--bundles", type=Path, default=REPO / ".cache" / "bundles")
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "live_quality.json")
+    args = parser.parse_args()
+    if not args.data.exists():
+        print(f"{args.data} is absent: no task data to measure on; skipping")
+        return
+    all_recipes = recipes(args.data)
+    names = args.tasks.split(",")
+    process, url = start_service(args.bundles, args.out.with_suffix(".log"))
+    results = {}
+    try:
+        variants = served_variants(url)
+        for name in names:
+            recipe = all_recipes[name]
+            task, examples = select_examples(recipe["data"])
+            started = time.perf_counter()
+            live = evaluate_live(
+                url, task, examples, label_names=recipe.get("label_names"), concurrency=args.concurrency
+            )
+            results[name] = {
+                "bundle": recipe["bundle"],
+                "metric": recipe["metric"],
+                "variant": variants[recipe["bundle"]],
+                "examples": len(examples),
+                "validation": relative(recipe["data"], args.data),
+                "live": live,
+                "live_seconds": time.perf_counter() - started,
+            }
+            print(name, json.dumps(live), flush=True)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    for name in names:
+        recipe, r = all_recipes[name], results[name]
+        task, examples = select_examples(recipe["data"])
+        r["offline"] = evaluate_bundle(
+            args.bundles / recipe["bundle"],
+            r["variant"],
+            task,
+            examples,
+            recipe["data"],
+            label_names=recipe.get("label_names"),
+        )
+    print(write_results(results, args.out))
+
+
+def relative(argv: list[str], data: Path) -> str:
+    """The data options as a command line relative to the repository (data under ../shared/data)."""
+    return " ".join(a.replace(str(data), "../shared/data") for a in argv)
+
+
+def write_results(results: dict, path: Path) -> str:
+    """Merge into earlier results (a `--tasks` subset keeps the others); returns the table."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(path.read_text())["tasks"] if path.exists() else {}
+    merged = {**old, **results}
+    machine = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    path.write_text(json.dumps({"command": COMMAND, "machine": machine, "tasks": merged}, indent=2) + "\n")
+    lines = [
+        "| default | metric | offline (bundle, batched) | through the service | service − offline | examples "
+        "| variant | validation data |",
+        "|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for name, r in merged.items():
+        m = r["metric"]
+        offline, live = r["offline"][m], r["live"][m]
+        lines.append(
+            f"| {name} ({r['bundle']}) | {m} | {offline:.4f} | {live:.4f} | {live - offline:+.4f} "
+            f"| {r['examples']} | {r['variant']} | `{r['validation']}` |"
+        )
+    table = "\n".join(lines)
+    path.with_suffix(".md").write_text(
+        f"Measured by `{COMMAND}`: one HTTP request per example to the live service on the default "
+        "bundles with default settings, scored by `python -m model.evaluate --url`.\n\n" + table + "\n"
+    )
+    return table
+
+
+if __name__ == "__main__":
+    main()

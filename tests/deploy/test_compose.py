@@ -81,6 +81,14 @@ def test_threads_match_the_cpu_limit(services):
     assert float(env_of(api)["INTRA_OP_THREADS"]) == float(api["deploy"]["resources"]["limits"]["cpus"])
 
 
+@pytest.mark.parametrize("name", API_SERVICES)
+def test_stop_grace_period_covers_the_drain(services, name):
+    """docker stop sends SIGKILL after stop_grace_period; the replica drains for SHUTDOWN_GRACE_S."""
+    api = services[name]
+    seconds = int(re.fullmatch(r"(\d+)s", api["stop_grace_period"]).group(1))
+    assert seconds >= float(env_of(api)["SHUTDOWN_GRACE_S"]) + 5
+
+
 def test_gpu_service_reserves_an_nvidia_gpu(services):
     (device,) = services["api-gpu"]["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]

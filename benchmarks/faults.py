@@ -26,6 +26,7 @@ import asyncio
 import json
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +49,7 @@ from benchmarks.bench_common import (  # noqa: E402
     write_results,
 )
 from benchmarks.loadgen import LoadConfig, Sample, percentiles, run_load  # noqa: E402
-from deploy.local.stack import LocalStack, StackConfig  # noqa: E402
+from deploy.local.stack import NGINX_CONF, LocalStack, StackConfig  # noqa: E402
 
 INFERENCE = '{endpoint=~"/classify|/ner|/multiple-choice|/qa"}'
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "bert-serving.json"
@@ -280,8 +281,16 @@ def checks(results: dict[str, Any]) -> dict[str, bool]:
     }
 
 
-def run_stack(models_dir: Path, run_dir: Path, clients: int, timing: Timing, **env: str) -> dict[str, Any]:
+def run_stack(
+    models_dir: Path,
+    run_dir: Path,
+    clients: int,
+    timing: Timing,
+    nginx_conf: Path = NGINX_CONF,
+    **env: str,
+) -> dict[str, Any]:
     config = StackConfig(
+        nginx_conf=nginx_conf,
         models_dir=models_dir,
         run_dir=run_dir,
         replica_ports=[free_port() for _ in range(3)],
@@ -309,7 +318,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Faults under load through nginx ({report['replicas']} replicas, {report['clients']} clients)",
         "",
-        f"`{report['command']}` on {report['date']}. Models: `{report['models']}`. {report['machine_line']}",
+        f"`{report['command']}` on {report['date']}. Models: `{report['models']}`; "
+        f"{report['nginx_conf']}. {report['machine_line']}",
         "",
         "The local compose topology (`deploy/local/stack.py`: nginx with `deploy/nginx/nginx.conf`, "
         "Prometheus with `deploy/prometheus/prometheus.yml`, replicas with the compose environment and one "
@@ -385,6 +395,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="the test suite's tiny random bundles (plumbing only)")
     p.add_argument("--quick", action="store_true", help="short phases (the test suite's timing)")
     p.add_argument("--clients", type=int, default=32)
+    p.add_argument(
+        "--nginx-conf-rev",
+        metavar="REV",
+        help="use deploy/nginx/nginx.conf as of this git revision (to compare with an older one)",
+    )
     p.add_argument("--name", default="faults")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(argv)
@@ -403,7 +418,14 @@ def main(argv: list[str] | None = None) -> int:
     timing = QUICK if args.quick else Timing()
     machine = machine_info()
     with tempfile.TemporaryDirectory(prefix="faults-") as run_dir:
-        results = run_stack(models_dir, Path(run_dir), args.clients, timing, **env)
+        nginx_conf = NGINX_CONF
+        if args.nginx_conf_rev:
+            nginx_conf = Path(run_dir) / "nginx.source.conf"
+            show = ["git", "show", f"{args.nginx_conf_rev}:deploy/nginx/nginx.conf"]
+            nginx_conf.write_text(
+                subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+            )
+        results = run_stack(models_dir, Path(run_dir) / "stack", args.clients, timing, nginx_conf, **env)
     command = " ".join(["python benchmarks/faults.py", *(argv if argv is not None else sys.argv[1:])])
     report = {
         "command": command.strip(),
@@ -411,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         "models": "tiny test bundles"
         if args.tiny
         else ", ".join(sorted(p.parent.name for p in models_dir.glob("*/bundle.json"))),
+        "nginx_conf": f"deploy/nginx/nginx.conf as of {args.nginx_conf_rev or 'this commit'}",
         "replicas": 3,
         "clients": args.clients,
         "timing": timing.__dict__,

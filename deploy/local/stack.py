@@ -122,6 +122,7 @@ class StackConfig:
     http_port: int = 8080
     prometheus_port: int | None = 9090  # None: no Prometheus
     env: dict[str, str] = field(default_factory=dict)  # extra replica settings
+    nginx_conf: Path = NGINX_CONF  # another nginx.conf to render (e.g. an older one, to compare)
     ready_timeout_s: float = 180.0
 
 
@@ -155,7 +156,7 @@ class LocalStack:
         cfg = self.config
         nginx_conf = self.run_dir / "nginx.conf"
         nginx_conf.write_text(
-            render_nginx(NGINX_CONF.read_text(), cfg.replica_ports, cfg.http_port, self.run_dir)
+            render_nginx(cfg.nginx_conf.read_text(), cfg.replica_ports, cfg.http_port, self.run_dir)
         )
         if cfg.prometheus_port is None:
             return nginx_conf, None

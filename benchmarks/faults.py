@@ -112,10 +112,15 @@ class Phase:
             },
         }
 
-    def timeline(self) -> list[list[float]]:
-        """[seconds since start, latency ms, 1 if ok else 0] per request, for the plot."""
+    def timeline(self) -> list[list[Any]]:
+        """[seconds since start, latency ms, 1 if ok else 0, endpoint] per request, for the plot."""
         return [
-            [round(s.sent_at - self.started, 3), round(s.latency_s * 1000, 2), int(s.status.startswith("2"))]
+            [
+                round(s.sent_at - self.started, 3),
+                round(s.latency_s * 1000, 2),
+                int(s.status.startswith("2") and s.schema_error is None),
+                s.endpoint,
+            ]
             for s in self.samples
         ]
 
@@ -339,6 +344,17 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {p['retried_by_nginx']} | {lat['p50']} | {lat['p99']} | {during['p99'] or '-'} "
             f"| {lat['max']} |"
         )
+    endpoints = list(r["steady"]["endpoints"])
+    lines += [
+        "",
+        "p50 / p99 latency in ms per endpoint:",
+        "",
+        "| phase | " + " | ".join(f"/{e}" for e in endpoints) + " |",
+        "|---|" + "---:|" * len(endpoints),
+    ]
+    for name in ("steady", "kill9", "rolling_restart"):
+        cells = [r[name]["endpoints"][e]["latency_ms"] for e in endpoints]
+        lines.append(f"| {name} | " + " | ".join(f"{c['p50']} / {c['p99']}" for c in cells) + " |")
     prometheus = r["steady"]["prometheus"]
     lines += [
         "",
@@ -366,15 +382,18 @@ def plot(report: dict[str, Any], path: Path) -> None:
     timelines = report["results"]["timelines"]
     fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 3.6 * len(timelines)), squeeze=False)
     for ax, (name, rows) in zip(axes[:, 0], timelines.items(), strict=True):
-        ok = [(t, ms) for t, ms, good in rows if good]
-        bad = [(t, ms) for t, ms, good in rows if not good]
-        ax.scatter(*zip(*ok, strict=True), s=3, alpha=0.4, label="ok") if ok else None
+        for endpoint in sorted({row[3] for row in rows}):
+            ok = [(t, ms) for t, ms, good, ep in rows if good and ep == endpoint]
+            if ok:
+                ax.scatter(*zip(*ok, strict=True), s=4, alpha=0.5, label=f"/{endpoint}")
+        bad = [(t, ms) for t, ms, good, _ in rows if not good]
         if bad:
             ax.scatter(*zip(*bad, strict=True), s=18, c="red", marker="x", label="failed")
-        for event in report["results"][name]["events"]:
+        for i, event in enumerate(report["results"][name]["events"]):
             ax.axvline(event["t_s"], color="grey", linestyle="--", linewidth=0.8)
-            ax.annotate(event["event"], (event["t_s"], 1), xycoords=("data", "axes fraction"), rotation=90,
-                        va="top", ha="right", fontsize=7)  # fmt: skip
+            height = 0.98 if i % 2 == 0 else 0.45  # staggered: events often come in pairs
+            ax.annotate(event["event"], (event["t_s"], height), xycoords=("data", "axes fraction"),
+                        rotation=90, va="top", ha="right", fontsize=7)  # fmt: skip
         summary = report["results"][name]
         ax.set_title(
             f"{name}: {summary['requests']} requests, {summary['errors']} errors, "
@@ -383,7 +402,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("seconds since the phase started (request sent)")
         ax.set_ylabel("latency, ms")
-        ax.legend(loc="lower right")
+        ax.legend(loc="lower right", fontsize=7, markerscale=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -70,6 +70,7 @@ class Timing:
 # The tiny bundles have 64-token windows, so a long QA context is dozens of queued items: a deep
 # queue keeps shedding (429, not what these runs are about) out of the way, as in test_live_server.
 TINY_ENV = {"MAX_QUEUE": "8192"}
+MAX_PLOTTED = 3_000  # requests per phase kept in the JSON for the plot (evenly spaced)
 QUICK = Timing(steady_requests=300, kill_after_s=1.5, down_for_s=1.5, tail_s=1.5, max_phase_s=60.0)
 
 
@@ -270,7 +271,7 @@ async def run_phases(stack: LocalStack, clients: int, timing: Timing) -> dict[st
     results["prometheus_after_faults"] = await asyncio.to_thread(
         wait_for_scrape, stack, 0, timing.scrape_wait_s
     )
-    results["timelines"] = {p.name: p.timeline() for p in phases if p.name != "steady"}
+    results["timelines"] = {p.name: p.timeline()[:: 1 + len(p.samples) // MAX_PLOTTED] for p in phases[1:]}
     return results
 
 
@@ -324,7 +325,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"# Faults under load through nginx ({report['replicas']} replicas, {report['clients']} clients)",
         "",
         f"`{report['command']}` on {report['date']}. Models: `{report['models']}`; "
-        f"{report['nginx_conf']}. {report['machine_line']}",
+        f"{report['nginx_conf']}"
+        + (f"; replica settings {report['replica_env']}" if report["replica_env"] else "")
+        + f". {report['machine_line']}",
         "",
         "The local compose topology (`deploy/local/stack.py`: nginx with `deploy/nginx/nginx.conf`, "
         "Prometheus with `deploy/prometheus/prometheus.yml`, replicas with the compose environment and one "
@@ -414,6 +417,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="the test suite's tiny random bundles (plumbing only)")
     p.add_argument("--quick", action="store_true", help="short phases (the test suite's timing)")
     p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="a replica setting")
     p.add_argument(
         "--nginx-conf-rev",
         metavar="REV",
@@ -431,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.soak import TINY_MODELS, build_tiny_models
 
         models_dir = build_tiny_models(TINY_MODELS)
-        env = TINY_ENV
+        env = dict(TINY_ENV)
+    env |= dict(item.split("=", 1) for item in args.env)
     if not list(models_dir.glob("*/bundle.json")):
         raise SystemExit(f"no bundles in {models_dir}: run `make models` (or pass --tiny)")
     timing = QUICK if args.quick else Timing()
@@ -455,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         "nginx_conf": f"deploy/nginx/nginx.conf as of {args.nginx_conf_rev or 'this commit'}",
         "replicas": 3,
         "clients": args.clients,
+        "replica_env": env,
         "timing": timing.__dict__,
         "machine": machine,
         "machine_line": machine_line(machine),

@@ -113,17 +113,20 @@ class Phase:
             },
         }
 
-    def timeline(self) -> list[list[Any]]:
-        """[seconds since start, latency ms, 1 if ok else 0, endpoint] per request, for the plot."""
+    def timeline(self) -> list[str]:
+        """One "t_s,latency_ms,ok,endpoint" line per request (at most MAX_PLOTTED, evenly spaced), for
+        the plot; text lines keep the JSON short."""
+        step = 1 + len(self.samples) // MAX_PLOTTED
         return [
-            [
-                round(s.sent_at - self.started, 3),
-                round(s.latency_s * 1000, 2),
-                int(s.status.startswith("2") and s.schema_error is None),
-                s.endpoint,
-            ]
-            for s in self.samples
+            f"{s.sent_at - self.started:.3f},{s.latency_s * 1000:.2f},"
+            f"{int(s.status.startswith('2') and s.schema_error is None)},{s.endpoint}"
+            for s in self.samples[::step]
         ]
+
+
+def parse_timeline(lines: list[str]) -> list[tuple[float, float, bool, str]]:
+    rows = [line.split(",") for line in lines]
+    return [(float(t), float(ms), ok == "1", endpoint) for t, ms, ok, endpoint in rows]
 
 
 async def under_load(
@@ -271,7 +274,7 @@ async def run_phases(stack: LocalStack, clients: int, timing: Timing) -> dict[st
     results["prometheus_after_faults"] = await asyncio.to_thread(
         wait_for_scrape, stack, 0, timing.scrape_wait_s
     )
-    results["timelines"] = {p.name: p.timeline()[:: 1 + len(p.samples) // MAX_PLOTTED] for p in phases[1:]}
+    results["timelines"] = {p.name: p.timeline() for p in phases[1:]}
     return results
 
 
@@ -384,7 +387,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     timelines = report["results"]["timelines"]
     fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 3.6 * len(timelines)), squeeze=False)
-    for ax, (name, rows) in zip(axes[:, 0], timelines.items(), strict=True):
+    for ax, (name, lines) in zip(axes[:, 0], timelines.items(), strict=True):
+        rows = parse_timeline(lines)
         for endpoint in sorted({row[3] for row in rows}):
             ok = [(t, ms) for t, ms, good, ep in rows if good and ep == endpoint]
             if ok:

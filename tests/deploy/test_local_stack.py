@@ -11,12 +11,14 @@ Skipped without nginx or Prometheus (apt-get install nginx prometheus).
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
+import sys
 
 import pytest
 
 from benchmarks.faults import QUICK, TINY_ENV, run_stack
-from deploy.local.stack import NGINX_CONF, LocalStack, StackConfig, find_tool, render_nginx
+from deploy.local.stack import NGINX_CONF, LocalStack, StackConfig, down, find_tool, render_nginx
 
 PORTS = [18001, 18002, 18003]
 
@@ -37,6 +39,24 @@ def test_nginx_rendering_changes_only_what_docker_provides(tmp_path):
 def test_a_drifted_nginx_config_fails_to_render(tmp_path):
     with pytest.raises(ValueError, match="listen 80"):
         render_nginx(NGINX_CONF.read_text().replace("listen 80;", "listen 8081;"), PORTS, 18080, tmp_path)
+
+
+def test_down_stops_only_the_processes_it_started(tmp_path):
+    (tmp_path / "pids").mkdir()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ours = subprocess.Popen([*sleeper, "uvicorn"])  # what a replica's command line holds
+    stranger = subprocess.Popen(sleeper)  # a pid recycled by another program since `up`
+    (tmp_path / "pids" / "replica-0.pid").write_text(f"{ours.pid}\n")
+    (tmp_path / "pids" / "replica-1.pid").write_text(f"{stranger.pid}\n")
+    try:
+        assert down(tmp_path, timeout_s=10) == [f"replica-0 ({ours.pid})"]
+        assert ours.wait(timeout=10) == -signal.SIGTERM
+        assert stranger.poll() is None
+        assert not list((tmp_path / "pids").iterdir())
+    finally:
+        for process in (ours, stranger):
+            process.kill()
+            process.wait()
 
 
 @pytest.mark.skipif(find_tool("nginx") is None, reason="nginx not installed (apt-get install nginx)")

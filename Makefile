@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 MODELS_DIR ?= .cache/bundles
 
-.PHONY: setup serve test lint models clean-models
+.PHONY: setup serve test lint models clean-models local-up local-down
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ models: setup
 
 serve: models
 	MODELS_DIR=$(MODELS_DIR) $(VENV)/bin/uvicorn app.main:app --host $${HOST:-0.0.0.0} --port $(PORT)
+
+# The compose topology without Docker: 3 replicas, nginx :8080, Prometheus :9090 (deploy/README.md).
+local-up: models
+	$(PY) deploy/local/stack.py up --models-dir $(MODELS_DIR)
+
+local-down:
+	$(PY) deploy/local/stack.py down
 
 test: setup
 	$(PY) -m pytest tests

@@ -20,6 +20,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 
 from .errors import install_error_handlers
 from .logs import configure_logging
@@ -122,11 +123,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             restore_signals()
             log.info("shutdown complete")
 
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from files installed with fastapi-offline, not
+    # from a CDN: the docs work where the browser has no internet. No online validator badge either.
+    app = FastAPIOffline(
         title="BERT inference service",
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.service_state = state
     install_error_handlers(app)

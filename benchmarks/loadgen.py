@@ -120,6 +120,7 @@ class Sample:
     status: str  # HTTP code as text, or "timeout" / "connection_error"
     latency_s: float
     schema_error: str | None = None
+    sent_at: float = 0.0  # time.perf_counter() when the request was due
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -219,14 +220,20 @@ class _Runner:
     """Issues requests and records samples. Responses are kept and checked against the schema
     after the clock stops, so parsing them costs the measured server no CPU."""
 
-    def __init__(self, config: LoadConfig, sender: _HttpxSender | _RawSender):
-        self.config, self.sender = config, sender
+    def __init__(
+        self,
+        config: LoadConfig,
+        sender: _HttpxSender | _RawSender,
+        stop: asyncio.Event | None = None,
+        samples: list[Sample] | None = None,
+    ):
+        self.config, self.sender, self.stop = config, sender, stop
         self.rng = rng = random.Random(config.seed)
         self.names = [n for n, w in config.endpoints.items() if w > 0]
         self.weights = [config.endpoints[n] for n in self.names]
         self.pools = {n: [make_payload(n, rng) for _ in range(POOL_SIZE)] for n in self.names}
         self.bodies = {n: [json.dumps(p).encode() for p in pool] for n, pool in self.pools.items()}
-        self.samples: list[Sample] = []
+        self.samples: list[Sample] = [] if samples is None else samples  # filled as responses arrive
         self.to_check: list[tuple[Sample, str, dict[str, Any], bytes]] = []
         self.issued = 0
 
@@ -237,7 +244,8 @@ class _Runner:
         self.issued += 1
         request_id = f"loadgen-{self.config.seed}-{self.issued}"
         status, content = await self.sender.send(ENDPOINTS[endpoint], body, request_id)
-        sample = Sample(endpoint, status, time.perf_counter() - due)  # uvloop's loop.time() ticks in ms
+        # perf_counter: uvloop's loop.time() ticks in ms
+        sample = Sample(endpoint, status, time.perf_counter() - due, sent_at=due)
         self.samples.append(sample)
         if self.config.check_schema and status.startswith("2"):
             self.to_check.append((sample, endpoint, payload, content))
@@ -252,6 +260,8 @@ class _Runner:
 
     def more(self, started: float, now: float) -> bool:
         cfg = self.config
+        if self.stop is not None and self.stop.is_set():
+            return False
         if cfg.max_requests is not None and self.issued >= cfg.max_requests:
             return False
         return cfg.duration_s is None or now - started < cfg.duration_s
@@ -267,7 +277,7 @@ class _Runner:
         started = time.perf_counter()
         in_flight: set[asyncio.Task[None]] = set()
         dropped = arrivals = 0
-        while arrivals < total:
+        while arrivals < total and not (self.stop is not None and self.stop.is_set()):
             due = started + arrivals * interval
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             arrivals += 1
@@ -291,14 +301,24 @@ class _Runner:
         return 0
 
 
-async def run_load(config: LoadConfig, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
-    """Run one load test and return the report; `transport` lets tests run it in-process (httpx)."""
+async def run_load(
+    config: LoadConfig,
+    transport: httpx.AsyncBaseTransport | None = None,
+    *,
+    stop: asyncio.Event | None = None,
+    samples: list[Sample] | None = None,
+) -> dict[str, Any]:
+    """Run one load test and return the report; `transport` lets tests run it in-process (httpx).
+
+    `stop` ends the run early when set (the duration and request bounds still hold); `samples`, when
+    given, receives every request's Sample as its response arrives (e.g. to plot latency over time).
+    """
     config.validate()
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     if transport is None and config.client == "raw":
         sender = _RawSender(config.url, config.timeout_s, headers)
         try:
-            return await _measure(config, sender)
+            return await _measure(config, sender, stop, samples)
         finally:
             await sender.close()
     import httpx
@@ -307,11 +327,16 @@ async def run_load(config: LoadConfig, transport: httpx.AsyncBaseTransport | Non
     async with httpx.AsyncClient(
         base_url=config.url, timeout=config.timeout_s, limits=limits, transport=transport
     ) as client:
-        return await _measure(config, _HttpxSender(client, headers))
+        return await _measure(config, _HttpxSender(client, headers), stop, samples)
 
 
-async def _measure(config: LoadConfig, sender: _HttpxSender | _RawSender) -> dict[str, Any]:
-    runner = _Runner(config, sender)
+async def _measure(
+    config: LoadConfig,
+    sender: _HttpxSender | _RawSender,
+    stop: asyncio.Event | None = None,
+    samples: list[Sample] | None = None,
+) -> dict[str, Any]:
+    runner = _Runner(config, sender, stop, samples)
     started = time.perf_counter()
     dropped = await (runner.open_loop() if config.rate else runner.closed_loop())
     elapsed = time.perf_counter() - started

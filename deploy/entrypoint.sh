@@ -13,9 +13,11 @@ HOST="${HOST:-0.0.0.0}"
 PORT="${PORT:-8000}"
 WORKERS="${WORKERS:-1}"
 LOG_LEVEL="${LOG_LEVEL:-info}"
-# uvicorn's own graceful-shutdown limit; keep it below the orchestrator's stop timeout
-# (Kubernetes: terminationGracePeriodSeconds minus the preStop sleep).
-GRACEFUL_TIMEOUT=20
+# After SIGTERM uvicorn waits this long for in-flight requests before the app's own shutdown starts:
+# the app's SHUTDOWN_GRACE_S (same default), so one setting bounds the drain. Keep it below the
+# orchestrator's stop timeout (compose stop_grace_period; Kubernetes terminationGracePeriodSeconds
+# minus the preStop sleep); tests/deploy check both.
+SHUTDOWN_GRACE_S="${SHUTDOWN_GRACE_S:-30}"
 
 die() {
   echo "entrypoint: $*" >&2
@@ -50,6 +52,10 @@ serve() {
     critical | error | warning | info | debug) ;;
     *) die "LOG_LEVEL must be one of critical, error, warning, info, debug; got '$LOG_LEVEL'" ;;
   esac
+  [[ "$SHUTDOWN_GRACE_S" =~ ^([0-9]+)(\.([0-9]*))?$ ]] ||
+    die "SHUTDOWN_GRACE_S must be a number of seconds >= 0, got '$SHUTDOWN_GRACE_S'"
+  local grace="$((10#${BASH_REMATCH[1]}))"  # uvicorn takes whole seconds: round up
+  [[ "${BASH_REMATCH[3]}" =~ [1-9] ]] && grace=$((grace + 1))
   [[ -d "$MODELS_DIR" ]] || die "MODELS_DIR '$MODELS_DIR' is not a directory (mount the bundles at /models)"
 
   local runner=(uvicorn)
@@ -60,7 +66,7 @@ serve() {
     --proxy-headers --no-server-header
     # Longer than nginx's upstream keepalive so the proxy never reuses a connection we closed.
     --timeout-keep-alive 75
-    --timeout-graceful-shutdown "$GRACEFUL_TIMEOUT"
+    --timeout-graceful-shutdown "$grace"
     "$@"
   )
   if [[ "$dry_run" == 1 ]]; then

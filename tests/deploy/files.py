@@ -84,12 +84,6 @@ def entrypoint_vars() -> set[str]:
     return set(re.findall(r"\$\{([A-Z_]+):-", ENTRYPOINT.read_text(encoding="utf-8")))
 
 
-def entrypoint_graceful_timeout() -> int:
-    match = re.search(r"^GRACEFUL_TIMEOUT=(\d+)$", ENTRYPOINT.read_text(encoding="utf-8"), re.M)
-    assert match, "deploy/entrypoint.sh must set GRACEFUL_TIMEOUT"
-    return int(match.group(1))
-
-
 def settings_class() -> type | None:
     try:
         from app.settings import Settings

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.files import DEPLOY, ROOT, check_env, compose, dockerfile_stages, load_yaml
+from tests.deploy.files import DEPLOY, ENTRYPOINT, ROOT, check_env, compose, dockerfile_stages, load_yaml
 
 API_SERVICES = ("api", "api-gpu")
 
@@ -81,6 +81,14 @@ def test_threads_match_the_cpu_limit(services):
     assert float(env_of(api)["INTRA_OP_THREADS"]) == float(api["deploy"]["resources"]["limits"]["cpus"])
 
 
+@pytest.mark.parametrize("name", API_SERVICES)
+def test_stop_grace_period_covers_the_drain(services, name):
+    """docker stop sends SIGKILL after stop_grace_period; the replica drains for SHUTDOWN_GRACE_S."""
+    api = services[name]
+    seconds = int(re.fullmatch(r"(\d+)s", api["stop_grace_period"]).group(1))
+    assert seconds >= float(env_of(api)["SHUTDOWN_GRACE_S"]) + 5
+
+
 def test_gpu_service_reserves_an_nvidia_gpu(services):
     (device,) = services["api-gpu"]["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
@@ -131,6 +139,35 @@ def test_nginx_proxy_settings(services):
     # The nginx healthcheck URL is served.
     path = services["nginx"]["healthcheck"]["test"][-1].split("127.0.0.1", 1)[1]
     assert re.search(rf"location\s*=\s*{re.escape(path)}\s*\{{", conf)
+
+
+def nginx_seconds(conf: str, directive: str, block: str = "") -> int:
+    match = re.search(rf"{block}[^}}]*?\b{directive}\s+(\d+)s;", conf, re.S)
+    assert match, directive
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize("name", API_SERVICES)
+def test_nginx_timeouts_fit_the_service(services, name):
+    conf = nginx_conf()
+    # A draining replica finishes its requests for up to SHUTDOWN_GRACE_S; nginx waits for them.
+    assert nginx_seconds(conf, "proxy_read_timeout") > float(env_of(services[name])["SHUTDOWN_GRACE_S"])
+    # nginx drops an idle upstream connection before uvicorn would, so it never reuses a closed one.
+    uvicorn_keepalive = int(re.search(r"--timeout-keep-alive (\d+)", ENTRYPOINT.read_text()).group(1))
+    assert nginx_seconds(conf, "keepalive_timeout", r"upstream\s+\w+\s*\{") < uvicorn_keepalive
+
+
+def test_nginx_never_retries_429_and_keeps_a_backup(services):
+    """429 counts toward max_fails when retried, and an upstream whose servers are all marked failed
+    answers 502 to everything: benchmarks/results/faults_tiny_*before_fix.md."""
+    conf = nginx_conf()
+    (retry,) = re.findall(r"proxy_next_upstream\s+([^;]*);", conf)
+    assert "http_429" not in retry and "non_idempotent" in retry and "error" in retry
+    upstream = re.search(r"upstream\s+\w+\s*\{([^}]*)\}", conf).group(1)
+    servers = re.findall(r"^\s*server\s+(\S+)\s+([^;]*);", upstream, re.M)
+    primaries = {host for host, params in servers if "backup" not in params}
+    backups = {host for host, params in servers if "backup" in params and "max_fails=0" in params}
+    assert primaries and primaries == backups
 
 
 def test_prometheus_scrapes_every_replica(services):

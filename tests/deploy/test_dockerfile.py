@@ -76,6 +76,8 @@ def test_serving_install_groups_exclude_torch(stages, target, group):
     assert "torch" not in names
     runtime = "onnxruntime-gpu" if target == "gpu" else "onnxruntime"
     assert runtime in names and ({"onnxruntime", "onnxruntime-gpu"} - {runtime}).isdisjoint(names)
+    # /docs and /redoc serve Swagger UI and ReDoc from this package's files: the image needs it.
+    assert "fastapi-offline" in names
     copies = " ".join(instructions(stages[target], "COPY"))
     assert f"/reqs/{group}.txt" in copies
 

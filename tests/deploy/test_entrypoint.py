@@ -14,7 +14,7 @@ import pytest
 
 from tests.deploy.files import ENTRYPOINT
 
-SERVER_VARS = ("MODELS_DIR", "HOST", "PORT", "WORKERS", "LOG_LEVEL", "DRY_RUN")
+SERVER_VARS = ("MODELS_DIR", "HOST", "PORT", "WORKERS", "LOG_LEVEL", "DRY_RUN", "SHUTDOWN_GRACE_S")
 
 
 def run_entrypoint(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -62,6 +62,17 @@ def test_defaults(tmp_path):
     assert option(command, "--log-level") == "info"
 
 
+@pytest.mark.parametrize(("grace", "seconds"), [(None, "30"), ("10", "10"), ("12.5", "13"), ("0", "0")])
+def test_uvicorn_drains_for_the_apps_shutdown_grace(tmp_path, grace, seconds):
+    """One setting bounds the drain: uvicorn's graceful shutdown is SHUTDOWN_GRACE_S (rounded up),
+    whose default is the app's own."""
+    env = {"MODELS_DIR": str(tmp_path)} | ({"SHUTDOWN_GRACE_S": grace} if grace is not None else {})
+    assert option(dry_run(**env), "--timeout-graceful-shutdown") == seconds
+    from app.settings import Settings
+
+    assert Settings.model_fields["shutdown_grace_s"].default == 30
+
+
 def test_default_models_dir_is_documented_mount():
     result = run_entrypoint("--dry-run")
     if Path("/models").is_dir():
@@ -85,6 +96,7 @@ def test_extra_arguments_pass_through(tmp_path):
         ({"PORT": "70000"}, "PORT"),
         ({"WORKERS": "0"}, "WORKERS"),
         ({"LOG_LEVEL": "loud"}, "LOG_LEVEL"),
+        ({"SHUTDOWN_GRACE_S": "soon"}, "SHUTDOWN_GRACE_S"),
         ({"MODELS_DIR": "/definitely/not/here"}, "MODELS_DIR '/definitely/not/here'"),
     ],
 )

@@ -1,4 +1,5 @@
-"""The Grafana dashboard: valid JSON, the agreed panels, and only metric names the app exposes."""
+"""The Grafana dashboard: valid JSON, the agreed panels, and only metric names the app exposes (the
+alert rules too)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,16 @@ def test_queries_use_only_exposed_metrics(dashboard):
         names = promql_metric_names(expr)
         assert names, expr
         assert names <= exposed, f"{expr}: {names - exposed} are not metrics the app exposes"
+
+
+def test_alert_rules_use_only_exposed_metrics():
+    exposed = exposed_series() | PROMETHEUS_BUILTINS
+    for group in load_yaml(DEPLOY / "prometheus" / "alerts.yml")["groups"]:
+        for rule in group["rules"]:
+            names = promql_metric_names(rule["expr"])
+            assert names and names <= exposed, (
+                f"{rule['alert']}: {names - exposed} are not metrics the app exposes"
+            )
 
 
 def test_required_panels(dashboard):

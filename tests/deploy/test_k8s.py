@@ -1,7 +1,11 @@
-"""Kubernetes manifests, validated structurally; `kubectl kustomize` too where kubectl is installed."""
+"""Kubernetes manifests: rendered as kustomize does (tests/deploy/kustomize.py, checked against
+`kubectl kustomize` where kubectl is installed), validated against the official schemas of the
+Kubernetes version deploy/k8s/README.md names (kubernetes-validate), and checked for consistency."""
 
 from __future__ import annotations
 
+import copy
+import re
 import shutil
 import subprocess
 
@@ -10,14 +14,31 @@ import pytest
 from tests.deploy.files import (
     K8S_BASE,
     K8S_GPU,
+    app_metric_families,
     check_env,
     compose,
     dockerfile_stages,
-    entrypoint_graceful_timeout,
     load_yaml,
     load_yaml_docs,
     parse_yaml_docs,
+    series_names,
 )
+from tests.deploy.kustomize import build
+
+OVERLAYS = {"base": K8S_BASE, "gpu": K8S_GPU}
+# After the grace period the batchers drain what is queued and the process exits: a few seconds.
+EXIT_MARGIN_S = 5
+
+
+def kubernetes_version() -> str:
+    """The version deploy/k8s/README.md says the manifests are validated against, e.g. 1.32."""
+    match = re.search(r"Kubernetes (1\.\d+) API schemas", (K8S_BASE.parent / "README.md").read_text())
+    assert match, "deploy/k8s/README.md must name the Kubernetes version (`Kubernetes 1.NN API schemas`)"
+    return match.group(1)
+
+
+def by_kind(objects: list[dict]) -> dict[str, dict]:
+    return {o["kind"]: o for o in objects}
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +99,19 @@ def test_resources_and_threads(base, container):
     assert int(base["ConfigMap"]["data"]["INTRA_OP_THREADS"]) == int(resources["limits"]["cpu"])
 
 
-def test_graceful_shutdown(base, container):
-    spec = base["Deployment"]["spec"]["template"]["spec"]
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_graceful_shutdown_fits_the_grace_period(overlay):
+    """preStop, then SIGTERM: uvicorn drains for up to SHUTDOWN_GRACE_S (the entrypoint passes it on),
+    then the app stops; all of it must end before the kubelet's SIGKILL."""
+    objects = by_kind(build(OVERLAYS[overlay]))
+    spec = objects["Deployment"]["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
-    drain = int(command[1]) + entrypoint_graceful_timeout()
-    assert spec["terminationGracePeriodSeconds"] > drain
+    grace = float(objects["ConfigMap"]["data"]["SHUTDOWN_GRACE_S"])
+    assert spec["terminationGracePeriodSeconds"] >= int(command[1]) + grace + EXIT_MARGIN_S
+    # The endpoints controller drops a pod within a readiness period or so; the sleep covers that.
+    assert int(command[1]) >= container["readinessProbe"]["periodSeconds"]
 
 
 def test_runs_as_the_image_user(base, container):
@@ -111,13 +139,45 @@ def test_selectors_and_names_line_up(base, container):
         assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
 
-def test_hpa_scales_on_cpu(base):
-    hpa = base["HorizontalPodAutoscaler"]
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_hpa_scales_on_cpu_or_a_metric_the_service_exports(overlay):
+    objects = by_kind(build(OVERLAYS[overlay]))
+    hpa = objects["HorizontalPodAutoscaler"]
     assert hpa["apiVersion"] == "autoscaling/v2"
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
+    exported = series_names(app_metric_families() or {})
+    for metric in hpa["spec"]["metrics"]:
+        if metric["type"] == "Resource":
+            assert metric["resource"]["name"] == "cpu", metric
+        else:  # Pods / Object / External, through a metrics adapter: a series /metrics really has
+            name = metric[metric["type"].lower()]["metric"]["name"]
+            assert name in exported, f"the HPA scales on {name}, which the service does not export"
     assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
-    assert "replicas" not in base["Deployment"]["spec"], "the HPA owns the replica count"
+    assert "replicas" not in objects["Deployment"]["spec"], "the HPA owns the replica count"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_manifests_validate_against_the_kubernetes_schemas(overlay):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
+    objects = build(OVERLAYS[overlay])
+    assert {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler"} <= set(by_kind(objects))
+    for obj in objects:
+        # strict: an unknown or misspelt field fails too, not only a wrong type.
+        kubernetes_validate.validate(obj, kubernetes_version() + ".0", strict=True)
+
+
+def test_schema_validation_catches_a_misspelt_field():
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
+    deployment = copy.deepcopy(by_kind(build(K8S_BASE))["Deployment"])
+    spec = deployment["spec"]["template"]["spec"]
+    spec["terminationGracePeriod"] = spec.pop("terminationGracePeriodSeconds")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, kubernetes_version() + ".0", strict=True)
+
+
+def test_renderer_refuses_what_it_does_not_know(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text("resources: []\nnamePrefix: x-\n")
+    with pytest.raises(NotImplementedError, match="namePrefix"):
+        build(tmp_path)
 
 
 def test_gpu_overlay(base):
@@ -138,11 +198,14 @@ def test_gpu_overlay(base):
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
-@pytest.mark.parametrize("directory", [K8S_BASE, K8S_GPU])
-def test_kustomize_builds(directory):
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_renderer_matches_kubectl_kustomize(overlay):
     result = subprocess.run(
-        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60
+        ["kubectl", "kustomize", str(OVERLAYS[overlay])], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    kinds = [d["kind"] for d in parse_yaml_docs(result.stdout)]
-    assert {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler"} <= set(kinds)
+
+    def key(obj: dict) -> tuple[str, str]:
+        return obj["kind"], obj["metadata"]["name"]
+
+    assert sorted(parse_yaml_docs(result.stdout), key=key) == sorted(build(OVERLAYS[overlay]), key=key)

@@ -1,7 +1,8 @@
 """The real server, started through deploy/entrypoint.sh on loopback, under load from benchmarks/loadgen.py.
 
 A constant-rate run (~5 s) across all four endpoints must give zero errors and schema-valid answers;
-/metrics must then show every series the Grafana dashboard queries; SIGTERM must stop it cleanly.
+/metrics must then show every series the Grafana dashboard and the alert rules query; SIGTERM must stop it
+cleanly.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import pytest
 from benchmarks.loadgen_payloads import ENDPOINTS
 from tests.deploy.files import (
     DASHBOARD,
+    DEPLOY,
     ENTRYPOINT,
     PROMETHEUS_BUILTINS,
     ROOT,
+    load_yaml,
     promql_metric_names,
     series_names,
 )
@@ -103,13 +106,16 @@ def test_constant_rate_load_across_all_endpoints(server, tmp_path):
     )
     assert response.status_code == 200 and response.headers["x-request-id"] == "trace-42"
 
-    # Every series the dashboard queries is really exposed, now that traffic has gone through.
+    # Every series the dashboard and the alert rules query is really exposed, now that traffic has
+    # gone through.
     exposed = scraped_series(url)
     dashboard = json.loads(DASHBOARD.read_text())
-    for panel in dashboard["panels"]:
-        for target in panel["targets"]:
-            missing = promql_metric_names(target["expr"]) - exposed - PROMETHEUS_BUILTINS
-            assert not missing, f"{panel['title']}: {missing} not in /metrics"
+    queries = {panel["title"]: target["expr"] for panel in dashboard["panels"] for target in panel["targets"]}
+    for group in load_yaml(DEPLOY / "prometheus" / "alerts.yml")["groups"]:
+        queries |= {rule["alert"]: rule["expr"] for rule in group["rules"]}
+    for name, expr in queries.items():
+        missing = promql_metric_names(expr) - exposed - PROMETHEUS_BUILTINS
+        assert not missing, f"{name}: {missing} not in /metrics"
 
     # Graceful stop: uvicorn drains, the app shuts down, then uvicorn re-raises the signal.
     process.send_signal(signal.SIGTERM)

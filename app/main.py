@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from .admin import router as admin_router
 from .errors import install_error_handlers
 from .logs import configure_logging
 from .metrics import Metrics
@@ -102,7 +103,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state.registry.discover()  # ConfigError here stops the server: nothing sensible to serve
         if fix_malloc_mmap_threshold(settings.malloc_mmap_threshold):  # before any session exists
             log.debug("malloc mmap threshold fixed", extra={"bytes": settings.malloc_mmap_threshold})
-        state.loader = asyncio.create_task(state.registry.load_all(), name="load-bundles")
+        # Loads every model, then watches MODELS_DIR when MODEL_POLL_S is set.
+        state.loader = asyncio.create_task(state.registry.run(), name="load-bundles")
         restore_signals = _hook_termination(state)
         try:
             yield
@@ -131,6 +133,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.service_state = state
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(admin_router)
     # Added innermost first: the request-context middleware wraps everything, CORS headers
     # reach error responses too, oversized bodies stop before FastAPI parses them, and excess
     # requests are refused once their body is in (so slow senders never hold an admission slot)
@@ -144,7 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_origins=origins,
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
-            expose_headers=["X-Request-ID", "Server-Timing", "Retry-After"],
+            expose_headers=["X-Request-ID", "Server-Timing", "Retry-After", "X-Model", "X-Model-Version"],
         )
     app.add_middleware(RequestContextMiddleware, metrics=metrics, in_flight=state.in_flight)
     return app

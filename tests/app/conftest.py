@@ -50,5 +50,6 @@ async def serving(
             yield app, client
 
 
-def bundle_of(app: Any, task: str) -> Any:
-    return app.state.service_state.registry.by_task[task]
+def bundle_of(app: Any, task: str, model: str | None = None) -> Any:
+    """The version serving `model` (default: the task's default model)."""
+    return app.state.service_state.registry.serving(task, model)

@@ -38,7 +38,7 @@ def write_tokenizer_files(directory: Path) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
 
 
-def tiny_config(task: str | None = None, **overrides):
+def tiny_config(task: str | None = None, labels: list[str] | None = None, **overrides):
     from model.config import BertConfig
 
     kwargs = dict(
@@ -54,20 +54,22 @@ def tiny_config(task: str | None = None, **overrides):
     )
     kwargs.update(overrides)
     config = BertConfig(**kwargs)
-    labels = TASK_LABELS.get(task or "")
+    labels = labels or TASK_LABELS.get(task or "")
     if labels:
         config.id2label = dict(enumerate(labels))
     return config
 
 
-def make_tiny_checkpoint(task: str, directory: Path, seed: int = 0, **overrides) -> Path:
+def make_tiny_checkpoint(
+    task: str, directory: Path, seed: int = 0, labels: list[str] | None = None, **overrides
+) -> Path:
     """A random checkpoint for `task` ("classify", "ner", "multiple-choice", "qa", "pretrain")."""
     import torch
 
     from model.bert import TASK_HEADS
 
     torch.manual_seed(seed)
-    model = TASK_HEADS[task](tiny_config(task, **overrides))
+    model = TASK_HEADS[task](tiny_config(task, labels, **overrides))
     # Random weights with std 0.02 give near-uniform outputs; widen them so tests can
     # tell answers apart.
     with torch.no_grad():

@@ -44,7 +44,7 @@ ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
 )
 async def load(name: str, request: Request) -> LoadResponse:
     state = state_of(request)
-    model, changed = await state.registry.load(name)
+    model, changed = await state.control.load(name)
     return LoadResponse(changed=changed, model=model_info(state, model))
 
 
@@ -56,7 +56,7 @@ async def load(name: str, request: Request) -> LoadResponse:
 )
 async def unload(name: str, request: Request) -> UnloadResponse:
     state = state_of(request)
-    model, waited = await state.registry.unload(name)
+    model, waited = await state.control.unload(name)
     return UnloadResponse(waited_s=round(waited, 3), model=model_info(state, model))
 
 
@@ -67,4 +67,4 @@ async def unload(name: str, request: Request) -> UnloadResponse:
     summary="Apply MODELS_DIR's changes now, as MODEL_POLL_S does periodically",
 )
 async def poll(request: Request) -> PollResponse:
-    return PollResponse(**await state_of(request).registry.poll())
+    return PollResponse(**await state_of(request).control.poll())

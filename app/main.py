@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from .admin import router as admin_router
+from .control import ModelControl
 from .errors import install_error_handlers
 from .logs import configure_logging
 from .metrics import Metrics
@@ -48,6 +49,7 @@ class ServiceState:
     metrics: Metrics
     registry: Registry
     in_flight: InFlight
+    control: ModelControl | None = None  # loads, swaps and unloads (app/control.py)
     shutting_down: bool = False
     loader: asyncio.Task | None = field(default=None, repr=False)
 
@@ -91,11 +93,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     configure_logging(settings.log_level)
     metrics = Metrics()
+    registry = Registry(settings, metrics)
+    control = ModelControl(registry, make_service)
     state = ServiceState(
-        settings=settings,
-        metrics=metrics,
-        registry=Registry(settings, metrics, make_service),
-        in_flight=InFlight(metrics),
+        settings=settings, metrics=metrics, registry=registry, in_flight=InFlight(metrics), control=control
     )
 
     @asynccontextmanager
@@ -104,7 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if fix_malloc_mmap_threshold(settings.malloc_mmap_threshold):  # before any session exists
             log.debug("malloc mmap threshold fixed", extra={"bytes": settings.malloc_mmap_threshold})
         # Loads every model, then watches MODELS_DIR when MODEL_POLL_S is set.
-        state.loader = asyncio.create_task(state.registry.run(), name="load-bundles")
+        state.loader = asyncio.create_task(control.run(), name="load-bundles")
         restore_signals = _hook_termination(state)
         try:
             yield
@@ -120,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 state.loader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await state.loader
-            await state.registry.close()
+            await control.close()
             restore_signals()
             log.info("shutdown complete")
 

@@ -151,8 +151,9 @@ class Registry:
         instances = resolve_instances(self.settings.model_instances, self.device, served, cores)
         self.threads = session_threads(self.settings.intra_op_threads, max(1, served) * instances, cores)
         if self.device == "cpu":
-            # Every model's batches share the cores: as many at once as the cores hold sessions.
-            self.compute = asyncio.Semaphore(max(1, cores // self.threads))
+            # Every model's batches share the cores: as many at once as the cores hold sessions
+            # (or an explicit MODEL_INSTANCES, which one model may then use to the full).
+            self.compute = asyncio.Semaphore(max(1, cores // self.threads, self.settings.model_instances))
         log.info(
             "models discovered",
             extra={

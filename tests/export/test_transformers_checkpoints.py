@@ -19,7 +19,7 @@ import torch
 
 from export.__main__ import main
 from export.bundle import load_bundle_manifest
-from tests.helpers.tiny import TASK_LABELS, tiny_vocab, write_tokenizer_files
+from tests.helpers.tiny import TASK_LABELS, tiny_sizes, write_tokenizer_files
 
 from .test_export import FP32_TOL, NEW_SHAPES, diffs, fresh_inputs, ort_outputs
 
@@ -37,15 +37,7 @@ MAX_SEQ_LEN = 48
 
 def hf_model(head: str, labels: list[str] | None = None, seed: int = 0, **config):
     """A tiny `transformers` model with weights wide enough that outputs differ between inputs."""
-    kwargs = dict(
-        vocab_size=len(tiny_vocab()),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        **config,
-    )
+    kwargs = {**tiny_sizes(), **config}
     if labels:
         kwargs.update(id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
     torch.manual_seed(seed)

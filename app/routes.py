@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from .errors import ApiError
 from .loader import MB
 from .middleware import MODEL_SCOPE_KEY
+from .registry import Model
 from .schemas import (
     ChoiceRequest,
     ChoiceResponse,
@@ -192,7 +193,7 @@ async def models(request: Request) -> ModelsResponse:
     )
 
 
-def model_info(state: Any, model: Any) -> ModelInfo:
+def model_info(state: Any, model: Model) -> ModelInfo:
     """What /models (and the admin API) say about one model and its serving version."""
     settings = state.settings
     limits: dict[str, int | float | str] = {

@@ -292,12 +292,14 @@ class Batcher:
                 if self.compute is not None:
                     # Other models may hold the device's cores: wait for one, then plan again
                     # with whatever queued (or was cancelled) meanwhile.
+                    waited = self.compute.locked()
                     await self.compute.acquire()
-                    self._purge_cancelled()
-                    if not self._queue:
-                        self.compute.release()
-                        continue
-                    selected, _ = self.plan(share=self.concurrency - len(self._in_flight))
+                    if waited:
+                        self._purge_cancelled()
+                        if not self._queue:
+                            self.compute.release()
+                            continue
+                        selected, _ = self.plan(share=self.concurrency - len(self._in_flight))
                 taken = {id(it) for it in selected}
                 self._queue = [it for it in self._queue if id(it) not in taken]
                 self.observer.on_queue_depth(len(self._queue))

@@ -6,7 +6,9 @@ limits: `max_batch_size` items, `max_batch_tokens` padded tokens (longest x rows
 padding costs as much compute as real tokens), and `max_wait_ms` from the oldest item's
 arrival. The oldest item anchors every batch (no starvation); the rest are picked by
 closeness in length to cut padding. Inference runs in dedicated threads so the event
-loop never blocks: up to `concurrency` batches at once per model (one per model instance).
+loop never blocks: up to `concurrency` batches at once per model (one per model instance),
+and, when models share a device, a batch also holds one of the device's `compute` slots while
+it runs, so ten models on two cores still run two batches at a time.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ class Batcher:
         name: str = "model",
         concurrency: int = 1,
         inline_tokens: int = 0,
+        compute: asyncio.Semaphore | None = None,
     ):
         if max_batch_size < 1 or max_batch_tokens < 1 or max_queue < 1 or max_wait_ms < 0:
             raise ValueError("batch size, token budget and queue must be positive, max wait >= 0")
@@ -155,6 +158,8 @@ class Batcher:
         # loop itself: a millisecond of inference, where the round trip to a worker thread and
         # back would add a tenth of that (0 = always a worker thread).
         self.inline_tokens = inline_tokens
+        # Shared by every model on the device: a batch runs only while it holds a slot.
+        self.compute = compute
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"infer-{name}")
 
     # ------------------------------------------------------------------ lifecycle
@@ -284,6 +289,17 @@ class Batcher:
                         with contextlib.suppress(asyncio.TimeoutError):
                             await asyncio.wait_for(self._wake.wait(), delay)
                         continue
+                if self.compute is not None:
+                    # Other models may hold the device's cores: wait for one, then plan again
+                    # with whatever queued (or was cancelled) meanwhile.
+                    waited = self.compute.locked()
+                    await self.compute.acquire()
+                    if waited:
+                        self._purge_cancelled()
+                        if not self._queue:
+                            self.compute.release()
+                            continue
+                        selected, _ = self.plan(share=self.concurrency - len(self._in_flight))
                 taken = {id(it) for it in selected}
                 self._queue = [it for it in self._queue if id(it) not in taken]
                 self.observer.on_queue_depth(len(self._queue))
@@ -304,6 +320,15 @@ class Batcher:
             self._wake.set()
 
     async def _run_batch(self, items: list[WorkItem], loop: asyncio.AbstractEventLoop, inline: bool) -> None:
+        try:
+            await self._infer_batch(items, loop, inline)
+        finally:
+            if self.compute is not None:
+                self.compute.release()
+
+    async def _infer_batch(
+        self, items: list[WorkItem], loop: asyncio.AbstractEventLoop, inline: bool
+    ) -> None:
         batch_id = next(self._batch_ids)
         started = time.perf_counter()
         self.observer.on_batch(len(items), sum(it.rows for it in items), padded_tokens(items))

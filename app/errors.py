@@ -12,10 +12,33 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batcher import BatcherClosed, BatchFailed, QueueFull, TooLarge
 from .logs import request_id_var
+from .model_errors import (
+    AdminDisabled,
+    InvalidModelName,
+    MemoryLimitExceeded,
+    ModelError,
+    ModelLoading,
+    ModelRequired,
+    ModelUnavailable,
+    NoModel,
+    VersionRejected,
+)
 
 log = logging.getLogger("app.errors")
 
 RETRY_AFTER_S = 1
+
+# Model selection and control (app/model_errors.py): status, error code, and whether a retry may help.
+MODEL_ERRORS: dict[type[ModelError], tuple[int, str, bool]] = {
+    NoModel: (404, "no_model", False),
+    AdminDisabled: (404, "admin_disabled", False),
+    InvalidModelName: (422, "invalid_request", False),
+    ModelRequired: (422, "model_required", False),
+    VersionRejected: (422, "version_rejected", False),
+    MemoryLimitExceeded: (409, "memory_limit", False),
+    ModelLoading: (503, "model_loading", True),
+    ModelUnavailable: (503, "model_unavailable", True),
+}
 
 
 class ApiError(Exception):
@@ -86,6 +109,16 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         fields = [{"field": exc.field, "message": exc.message}] if exc.field else None
         return error_response(exc.status, exc.code, exc.message, fields, exc.headers)
+
+    @app.exception_handler(ModelError)
+    async def _model_error(request: Request, exc: ModelError) -> JSONResponse:
+        # The most specific class listed wins (MemoryLimitExceeded is a VersionRejected).
+        kind = next(k for k in type(exc).__mro__ if k in MODEL_ERRORS)
+        status, code, retry = MODEL_ERRORS[kind]
+        field = "model" if isinstance(exc, (NoModel, ModelRequired, InvalidModelName)) else None
+        fields = [{"field": field, "message": exc.message}] if field else None
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if retry else None
+        return error_response(status, code, exc.message, fields, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -22,6 +22,8 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
+from .admin import router as admin_router
+from .control import ModelControl
 from .errors import install_error_handlers
 from .logs import configure_logging
 from .metrics import Metrics
@@ -48,6 +50,7 @@ class ServiceState:
     metrics: Metrics
     registry: Registry
     in_flight: InFlight
+    control: ModelControl | None = None  # loads, swaps and unloads (app/control.py)
     shutting_down: bool = False
     loader: asyncio.Task | None = field(default=None, repr=False)
 
@@ -91,11 +94,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     configure_logging(settings.log_level)
     metrics = Metrics()
+    registry = Registry(settings, metrics)
+    control = ModelControl(registry, make_service)
     state = ServiceState(
-        settings=settings,
-        metrics=metrics,
-        registry=Registry(settings, metrics, make_service),
-        in_flight=InFlight(metrics),
+        settings=settings, metrics=metrics, registry=registry, in_flight=InFlight(metrics), control=control
     )
 
     @asynccontextmanager
@@ -103,7 +105,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state.registry.discover()  # ConfigError here stops the server: nothing sensible to serve
         if fix_malloc_mmap_threshold(settings.malloc_mmap_threshold):  # before any session exists
             log.debug("malloc mmap threshold fixed", extra={"bytes": settings.malloc_mmap_threshold})
-        state.loader = asyncio.create_task(state.registry.load_all(), name="load-bundles")
+        # Loads every model, then watches MODELS_DIR when MODEL_POLL_S is set.
+        state.loader = asyncio.create_task(control.run(), name="load-bundles")
         restore_signals = _hook_termination(state)
         try:
             yield
@@ -119,7 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 state.loader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await state.loader
-            await state.registry.close()
+            await control.close()
             restore_signals()
             log.info("shutdown complete")
 
@@ -135,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.service_state = state
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(admin_router)
     # Added innermost first: the request-context middleware wraps everything, CORS headers
     # reach error responses too, oversized bodies stop before FastAPI parses them, and excess
     # requests are refused once their body is in (so slow senders never hold an admission slot)
@@ -148,7 +152,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_origins=origins,
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
-            expose_headers=["X-Request-ID", "Server-Timing", "Retry-After"],
+            expose_headers=["X-Request-ID", "Server-Timing", "Retry-After", "X-Model", "X-Model-Version"],
         )
     app.add_middleware(RequestContextMiddleware, metrics=metrics, in_flight=state.in_flight)
     return app

@@ -13,7 +13,11 @@ STAGES = ("tokenize", "queue", "inference", "postprocess")
 
 
 class Metrics:
-    """One registry per app, so several apps (tests) never collide in the global registry."""
+    """One registry per app, so several apps (tests) never collide in the global registry.
+
+    `model` is the name of the model that served the request ("" before one is chosen): its values
+    are the model directories an operator put in MODELS_DIR, never what a client sent.
+    """
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -22,53 +26,88 @@ class Metrics:
         r = self.registry
         # prometheus_client appends `_total` to counters: these expose bert_requests_total and
         # bert_rejected_total.
-        self.requests = Counter("bert_requests", "HTTP requests", ["endpoint", "status"], registry=r)
+        self.requests = Counter("bert_requests", "HTTP requests", ["endpoint", "status", "model"], registry=r)
         self.latency = Histogram(
             "bert_request_latency_seconds",
             "HTTP request latency",
-            ["endpoint"],
+            ["endpoint", "model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.stage = Histogram(
             "bert_stage_seconds",
             "Time per request stage",
-            ["stage", "task"],
+            ["stage", "task", "model"],
             buckets=STAGE_BUCKETS,
             registry=r,
         )
         self.batch_size = Histogram(
-            "bert_batch_size", "Work items per inference batch", ["task"], buckets=BATCH_BUCKETS, registry=r
+            "bert_batch_size",
+            "Work items per inference batch",
+            ["task", "model"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
         )
         self.batch_tokens = Histogram(
             "bert_batch_padded_tokens",
             "Padded tokens (longest x rows) per batch",
-            ["task"],
+            ["task", "model"],
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
-        self.queue_depth = Gauge("bert_queue_depth", "Work items waiting for a batch", ["task"], registry=r)
-        self.rejected = Counter("bert_rejected", "Work refused or dropped", ["task", "reason"], registry=r)
+        self.queue_depth = Gauge(
+            "bert_queue_depth", "Work items waiting for a batch", ["task", "model"], registry=r
+        )
+        self.rejected = Counter(
+            "bert_rejected", "Work refused or dropped", ["task", "reason", "model"], registry=r
+        )
         self.model_ready = Gauge(
-            "bert_model_ready", "1 when the bundle is loaded and warmed", ["task", "bundle"], registry=r
+            "bert_model_ready",
+            "1 while a verified version of the model serves",
+            ["task", "model"],
+            registry=r,
+        )
+        self.model_memory = Gauge(
+            "bert_model_memory_bytes",
+            "Resident memory the serving version took to load",
+            ["model"],
+            registry=r,
+        )
+        self.model_loads = Counter(
+            "bert_model_loads",
+            "Versions put in service (loaded) or refused (rejected)",
+            ["model", "result"],
+            registry=r,
         )
         self.in_flight = Gauge("bert_in_flight_requests", "Requests being served", registry=r)
 
-    def observer(self, task: str) -> BatcherMetrics:
-        return BatcherMetrics(self, task)
+    def observer(self, task: str, model: str) -> BatcherMetrics:
+        return BatcherMetrics(self, task, model)
+
+    def forget_model(self, task: str, model: str) -> None:
+        """An unloaded model's gauges go away instead of freezing at their last value."""
+        for gauge, labels in (
+            (self.queue_depth, (task, model)),
+            (self.model_ready, (task, model)),
+            (self.model_memory, (model,)),
+        ):
+            try:
+                gauge.remove(*labels)
+            except KeyError:
+                pass
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 class BatcherMetrics:
-    """The batcher's observer hooks, bound to one task's labels."""
+    """The batcher's observer hooks, bound to one model's labels."""
 
-    def __init__(self, metrics: Metrics, task: str):
-        self._batch = metrics.batch_size.labels(task=task)
-        self._tokens = metrics.batch_tokens.labels(task=task)
-        self._depth = metrics.queue_depth.labels(task=task)
-        self._metrics, self._task = metrics, task
+    def __init__(self, metrics: Metrics, task: str, model: str):
+        self._batch = metrics.batch_size.labels(task=task, model=model)
+        self._tokens = metrics.batch_tokens.labels(task=task, model=model)
+        self._depth = metrics.queue_depth.labels(task=task, model=model)
+        self._metrics, self._task, self._model = metrics, task, model
 
     def on_batch(self, items: int, rows: int, padded_tokens: int) -> None:
         self._batch.observe(items)
@@ -78,4 +117,4 @@ class BatcherMetrics:
         self._depth.set(depth)
 
     def on_rejected(self, reason: str, count: int) -> None:
-        self._metrics.rejected.labels(task=self._task, reason=reason).inc(count)
+        self._metrics.rejected.labels(task=self._task, reason=reason, model=self._model).inc(count)

@@ -26,10 +26,14 @@ KNOWN_PATHS = set(TASK_PATHS) | {
     "/redoc",
 }
 QUIET_PATHS = {"/health", "/ready", "/metrics"}
+ADMIN_PREFIX = "/admin/"
+MODEL_SCOPE_KEY = "bert.model"  # set by the route to the model that served the request
 
 
 def endpoint_label(path: str) -> str:
     # Raw paths would let any client create unbounded metric label values.
+    if path.startswith(ADMIN_PREFIX):
+        return "/admin"
     return path if path in KNOWN_PATHS else "other"
 
 
@@ -69,7 +73,7 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         if self.active[task] >= self.max_in_flight:
-            self.metrics.rejected.labels(task=task, reason="in_flight_limit").inc()
+            self.metrics.rejected.labels(task=task, reason="in_flight_limit", model="").inc()
             message = (
                 f"server is busy: {self.active[task]} {task} requests in flight (MAX_IN_FLIGHT); "
                 f"retry after {RETRY_AFTER_S}s"
@@ -120,8 +124,9 @@ class RequestContextMiddleware:
             elapsed = time.perf_counter() - started
             self.in_flight.leave()
             status = str(state["status"])
-            self.metrics.requests.labels(endpoint=endpoint, status=status).inc()
-            self.metrics.latency.labels(endpoint=endpoint).observe(elapsed)
+            model = scope.get(MODEL_SCOPE_KEY, "")
+            self.metrics.requests.labels(endpoint=endpoint, status=status, model=model).inc()
+            self.metrics.latency.labels(endpoint=endpoint, model=model).observe(elapsed)
             log.log(
                 logging.DEBUG if scope["path"] in QUIET_PATHS else logging.INFO,
                 "request",
@@ -130,6 +135,7 @@ class RequestContextMiddleware:
                     "path": scope["path"],
                     "status": state["status"],
                     "duration_ms": round(elapsed * 1000, 2),
+                    **({"model": model} if model else {}),
                 },
             )
             request_id_var.reset(token)
@@ -143,7 +149,7 @@ class BodyLimitMiddleware:
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send, size: str) -> None:
         task = TASK_PATHS.get(scope["path"], "none")
-        self.metrics.rejected.labels(task=task, reason="payload_too_large").inc()
+        self.metrics.rejected.labels(task=task, reason="payload_too_large", model="").inc()
         message = f"request body is {size} bytes; the limit is {self.max_bytes} (MAX_BODY_BYTES)"
         response = error_response(413, "payload_too_large", message, [{"field": "body", "message": message}])
         await response(scope, receive, send)

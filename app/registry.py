@@ -1,307 +1,290 @@
-"""Bundles under MODELS_DIR: discovery, one per task, verified loading, warm-up, readiness."""
+"""The models being served, by name: discovery, each task's default, which version serves a request,
+readiness, and the device plan every model's sessions share.
+
+A request leases the version serving its model when it is admitted and returns the lease when it is
+answered (`lease`); app/control.py swaps versions in and out around those leases.
+
+Selection rule: a request's `model` field names a model (its directory in MODELS_DIR); without it,
+the task's default serves: DEFAULT_BUNDLES' choice, else the task's only model. Several models of a
+task and no default: 422 model_required. An unknown name, or one of another task: 404 no_model,
+listing the models there are.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-import numpy as np
+from export.bundle import MANIFEST_NAME, BundleError, load_bundle_manifest
 
-from export.bundle import (
-    MANIFEST_NAME,
-    BundleError,
-    BundleManifest,
-    load_bundle_manifest,
-    verify_bundle_files,
-)
-from processing.padding import pad_batch, pad_choices
-from processing.tokenizer import TextTokenizer
-
-from .batcher import Batcher
-from .errors import ApiError
+from .loader import MB, Bundle, SessionPlan
 from .metrics import Metrics
+from .model_errors import (
+    ModelLoading,
+    ModelRequired,
+    ModelUnavailable,
+    NoModel,
+)
+from .repository import VersionDir, model_versions, scan
 from .runtime import (
     RuntimeConfigError,
-    RuntimePool,
     SessionTuning,
     available_providers,
-    choose_variant,
-    create_runtime,
-    resolve_batch_tokens,
     resolve_device,
     resolve_instances,
-    resolve_padding_factor,
     session_threads,
 )
-from .settings import TASK_NAMES, Settings, available_cores
+from .settings import Settings, available_cores
 
 log = logging.getLogger("app.registry")
+
+HISTORY = 20  # version events kept per model for /models
 
 
 class ConfigError(RuntimeError):
     """MODELS_DIR / DEFAULT_BUNDLES / DEVICE cannot be served as configured: refuse to start."""
 
 
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 @dataclass
-class Bundle:
-    name: str
-    path: Path
-    manifest: BundleManifest | None = None
-    status: str = "pending"  # pending | loading | ready | failed | ignored
+class VersionEvent:
+    """One version's fate, as /models reports it."""
+
+    version: str
+    path: str
+    status: str  # loading | serving | retiring | retired | rejected
+    digest: str | None = None
     error: str | None = None
-    variant: str | None = None
-    device: str | None = None
-    threads: int | None = None
-    tokenizer: TextTokenizer | None = None
-    runtime: RuntimePool | None = None
-    batcher: Batcher | None = None
-    service: Any = None
-    load_seconds: float | None = None
-
-    @property
-    def task(self) -> str | None:
-        return self.manifest.task if self.manifest else None
-
-    def matches(self, name: str) -> bool:
-        return name in (self.name, self.manifest.name if self.manifest else None)
+    at: str = field(default_factory=utc_now)
 
 
-def collate_for(task: str, pad_id: int) -> Callable[[list[Any]], dict[str, np.ndarray]]:
-    if task == "multiple-choice":
-        return lambda groups: pad_choices(groups, pad_id)
-    return lambda encodings: pad_batch(encodings, pad_id)
+@dataclass
+class Model:
+    name: str
+    task: str | None = None
+    status: str = "pending"  # pending | loading | ready | failed | unloading | unloaded
+    error: str | None = None  # why no version serves (failed / unloaded)
+    current: Bundle | None = None
+    history: list[VersionEvent] = field(default_factory=list)
+    seen: tuple = ()  # the repository fingerprint of the last load attempt (for the poller)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    def event(self, version: VersionDir | Bundle, status: str, error: str | None = None) -> None:
+        path = str(version.path)
+        live = ("loading", "serving", "retiring")  # a version's record moves on until it ends
+        for record in self.history:
+            if (record.version, record.path) == (version.version, path) and record.status in live:
+                record.status, record.error, record.at = status, error, utc_now()
+                return
+        digest = version.digest if isinstance(version, Bundle) else None
+        self.history.insert(0, VersionEvent(version.version, path, status, digest, error))
+        del self.history[HISTORY:]
+
+
+def log_failure(model: Model, version: str, error: str, path: Path) -> None:
+    log.error(
+        "bundle failed to load and will not be served",
+        extra={
+            "bundle": model.name,
+            "version": version,
+            "path": str(path),
+            "task": model.task,
+            "error": error,
+            "serving": model.current.version if model.current else None,
+        },
+    )
 
 
 class Registry:
-    def __init__(
-        self, settings: Settings, metrics: Metrics, service_factory: Callable[[Bundle, Settings], Any]
-    ):
+    def __init__(self, settings: Settings, metrics: Metrics):
         self.settings = settings
         self.metrics = metrics
-        self.service_factory = service_factory
-        self.bundles: list[Bundle] = []
-        self.by_task: dict[str, Bundle] = {}
+        self.models: dict[str, Model] = {}
+        self.default_names: dict[str, str] = {}  # DEFAULT_BUNDLES, resolved to model names
         self.device: str | None = None
+        self.threads = 1
+        self.compute: asyncio.Semaphore | None = None
         self.load_finished = False
+
+    @property
+    def models_dir(self) -> Path:
+        return Path(self.settings.models_dir)
 
     # ------------------------------------------------------------------ discovery
 
     def discover(self) -> None:
-        models_dir = Path(self.settings.models_dir)
-        if not models_dir.is_dir():
-            raise ConfigError(f"MODELS_DIR {models_dir} is not a directory")
-        for sub in sorted(p for p in models_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if not (sub / MANIFEST_NAME).exists():
-                log.warning("skipping directory without bundle.json", extra={"path": str(sub)})
-                continue
-            bundle = Bundle(name=sub.name, path=sub)
-            try:
-                bundle.manifest = load_bundle_manifest(sub)
-            except BundleError as e:
-                self._fail(bundle, f"unreadable manifest: {e}")
-            self.bundles.append(bundle)
-        if not self.bundles:
+        if not self.models_dir.is_dir():
+            raise ConfigError(f"MODELS_DIR {self.models_dir} is not a directory")
+        for name, versions in scan(self.models_dir).items():
+            model = self.models[name] = Model(name)
+            for version in versions:  # the task of the newest readable manifest
+                try:
+                    model.task = load_bundle_manifest(version.path).task
+                    break
+                except BundleError as e:
+                    model.status, model.error = "failed", f"unreadable manifest: {e}"
+            if model.task is not None:
+                model.status, model.error = "pending", None
+            else:
+                log_failure(model, versions[0].version, model.error or "", versions[0].path)
+        live_control = self.settings.admin_api_key is not None or self.settings.model_poll_s > 0
+        if not self.models and not live_control:
             raise ConfigError(
-                f"MODELS_DIR {models_dir} holds no bundles (sub-directories with {MANIFEST_NAME})"
+                f"MODELS_DIR {self.models_dir} holds no bundles (sub-directories with {MANIFEST_NAME}, "
+                "or numbered version directories holding one)"
             )
-        self._select(self.settings.default_bundle_map)
+        self.default_names = self._resolve_defaults(self.settings.default_bundle_map)
         try:
             self.device = resolve_device(self.settings.device, available_providers())
         except RuntimeConfigError as e:
             raise ConfigError(str(e)) from e
+        cores = available_cores()
+        served = sum(m.task is not None for m in self.models.values())
+        instances = resolve_instances(self.settings.model_instances, self.device, served, cores)
+        self.threads = session_threads(self.settings.intra_op_threads, max(1, served) * instances, cores)
+        if self.device == "cpu":
+            # Every model's batches share the cores: as many at once as the cores hold sessions
+            # (or an explicit MODEL_INSTANCES, which one model may then use to the full).
+            self.compute = asyncio.Semaphore(max(1, cores // self.threads, self.settings.model_instances))
         log.info(
-            "bundles discovered",
+            "models discovered",
             extra={
                 "device": self.device,
-                "serving": {t: b.name for t, b in self.by_task.items()},
-                "ignored": [b.name for b in self.bundles if b.status == "ignored"],
+                "models": {name: m.task for name, m in self.models.items()},
+                "defaults": self.default_names,
             },
         )
 
-    def _select(self, defaults: dict[str, str]) -> None:
-        for task in TASK_NAMES:
-            candidates = [b for b in self.bundles if b.task == task]
-            wanted = defaults.get(task)
-            if wanted is not None:
-                chosen = [b for b in candidates if b.matches(wanted)]
-                if not chosen:
-                    raise ConfigError(
-                        f"DEFAULT_BUNDLES names {wanted!r} for {task}, but the {task} bundles in "
-                        f"MODELS_DIR are {[b.name for b in candidates] or 'none'}"
-                    )
-                selected = chosen[0]
-            elif len(candidates) > 1:
+    def _resolve_defaults(self, wanted: dict[str, str]) -> dict[str, str]:
+        """DEFAULT_BUNDLES names a model directory (or, as before versions, a manifest's `name`)."""
+        out = {}
+        for task, name in wanted.items():
+            candidates = [m for m in self.models.values() if m.task == task]
+            chosen = [m for m in candidates if m.name == name] or [
+                m for m in candidates if self._manifest_name(m) == name
+            ]
+            if not chosen:
                 raise ConfigError(
-                    f"MODELS_DIR has {len(candidates)} {task} bundles "
-                    f"({', '.join(b.name for b in candidates)}); "
-                    f"serve one by setting DEFAULT_BUNDLES={task}=<name>"
+                    f"DEFAULT_BUNDLES names {name!r} for {task}, but the {task} models in MODELS_DIR "
+                    f"are {[m.name for m in candidates] or 'none'}"
                 )
-            elif candidates:
-                selected = candidates[0]
-            else:
-                continue
-            self.by_task[task] = selected
-            for other in candidates:
-                if other is not selected:
-                    other.status = "ignored"
-                    other.error = f"not the DEFAULT_BUNDLES choice for {task}"
+            out[task] = chosen[0].name
+        return out
 
-    @property
-    def selected(self) -> list[Bundle]:
-        return list(self.by_task.values())
+    def _manifest_name(self, model: Model) -> str | None:
+        for version in model_versions(self.models_dir, model.name):
+            with contextlib.suppress(BundleError):
+                return load_bundle_manifest(version.path).name
+        return None
 
-    # ------------------------------------------------------------------ loading
-
-    async def load_all(self) -> None:
-        """Load, verify and warm every selected bundle; a failure only takes that bundle out."""
-        selected = self.selected
-        cores = available_cores()
+    def plan(self) -> SessionPlan:
+        """Sessions for the next model loaded: threads are the same for every model (so the compute
+        slots hold), instances follow how many models are in service."""
         assert self.device is not None
-        instances = resolve_instances(self.settings.model_instances, self.device, len(selected), cores)
-        sessions = len(selected) * instances
-        threads = session_threads(self.settings.intra_op_threads, sessions, cores)
-        spinning = {"on": True, "off": False}.get(self.settings.ort_spinning, sessions == 1)
-        for bundle in selected:
-            bundle.status = "loading"
-            started = time.perf_counter()
-            try:
-                await asyncio.to_thread(self._load, bundle, threads, instances, spinning)
-                assert bundle.runtime is not None and bundle.task is not None and bundle.tokenizer is not None
-                bundle.batcher = Batcher(
-                    bundle.runtime,
-                    collate_for(bundle.task, bundle.tokenizer.pad_id),
-                    max_batch_size=self.settings.max_batch_size,
-                    max_batch_tokens=resolve_batch_tokens(self.settings.max_batch_tokens, self.device),
-                    max_wait_ms=self.settings.max_wait_ms,
-                    max_queue=self.settings.max_queue,
-                    max_padding_factor=resolve_padding_factor(self.settings.max_padding_factor, self.device),
-                    observer=self.metrics.observer(bundle.task),
-                    name=bundle.name,
-                    concurrency=instances,
-                    inline_tokens=self.settings.inline_batch_tokens if self.device == "cpu" else 0,
-                )
-                bundle.batcher.start()
-                bundle.service = self.service_factory(bundle, self.settings)
-            except Exception as e:  # noqa: BLE001 - any load failure keeps this bundle out of service
-                self._fail(bundle, str(e) or type(e).__name__)
-                continue
-            bundle.load_seconds = round(time.perf_counter() - started, 3)
-            bundle.status = "ready"
-            self.metrics.model_ready.labels(task=bundle.task, bundle=bundle.name).set(1)
-            log.info(
-                "bundle ready",
-                extra={
-                    "bundle": bundle.name,
-                    "task": bundle.task,
-                    "variant": bundle.variant,
-                    "provider": bundle.runtime.provider if bundle.runtime else None,
-                    "threads": threads,
-                    "instances": instances,
-                    "load_seconds": bundle.load_seconds,
-                },
-            )
-        self.load_finished = True
-
-    def _load(self, bundle: Bundle, threads: int, instances: int, spinning: bool) -> None:
-        manifest = bundle.manifest
-        assert manifest is not None and self.device is not None
-        bundle.device = self.device
-        bundle.variant = choose_variant(self.device, manifest.variants, self.settings.cpu_variant)
-        # Hashes first: a tampered or truncated file must never reach onnxruntime.
-        verify_bundle_files(bundle.path, manifest, bundle.variant)
-        bundle.tokenizer = TextTokenizer.from_dir(bundle.path)
-        bundle.threads = threads
+        cores = available_cores()
+        serving = sum(m.status not in ("unloaded", "failed") for m in self.models.values())
+        instances = resolve_instances(self.settings.model_instances, self.device, max(1, serving), cores)
+        sessions = serving * instances
         tuning = SessionTuning(
-            spinning=spinning,
+            spinning={"on": True, "off": False}.get(self.settings.ort_spinning, sessions <= 1),
             mem_pattern=self.settings.ort_mem_pattern,
             cpu_arena=self.settings.ort_cpu_arena,
             # Shrinking applies to the arena only: without one ORT refuses the run option.
             arena_shrinkage=self.settings.ort_arena_shrinkage and self.settings.ort_cpu_arena,
             shrink_above_tokens=self.settings.ort_shrink_above_tokens,
         )
-        path = manifest.variant_path(bundle.path, bundle.variant)
-        disabled = manifest.variants[bundle.variant].disabled_optimizers
-        bundle.runtime = RuntimePool(
-            [
-                create_runtime(path, self.device, threads, tuning, disabled_optimizers=disabled)
-                for _ in range(instances)
-            ]
-        )
-        self._warm_up(bundle)
+        return SessionPlan(self.device, self.threads, instances, tuning)
 
-    def _warm_up(self, bundle: Bundle) -> None:
-        """Run a short and a full-length batch, and check the outputs against the manifest."""
-        manifest, tokenizer, runtime = bundle.manifest, bundle.tokenizer, bundle.runtime
-        assert manifest is not None and tokenizer is not None and runtime is not None
-        short = tokenizer.encode("warm up", max_length=manifest.max_seq_len)
-        longest = tokenizer.encode("warm up " * manifest.max_seq_len, max_length=manifest.max_seq_len)
-        collate = collate_for(manifest.task, tokenizer.pad_id)
-        rows = min(4, self.settings.max_batch_size)
-        for batch in ([short], [longest] * rows):
-            payloads: list[Any] = [[e, e] for e in batch] if manifest.task == "multiple-choice" else batch
-            outputs = runtime.run(collate(payloads))
-            missing = set(manifest.output_names) - set(outputs)
-            if missing:
-                raise BundleError(f"model outputs lack {sorted(missing)} listed in {MANIFEST_NAME}")
-            if manifest.task in ("classify", "ner") and manifest.problem_type != "regression":
-                n_labels = outputs["logits"].shape[-1]
-                if n_labels != len(manifest.labels or []):
-                    raise BundleError(
-                        f"model emits {n_labels} labels but {MANIFEST_NAME} lists "
-                        f"{len(manifest.labels or [])}"
-                    )
-            if not all(np.isfinite(v).all() for v in outputs.values()):
-                raise BundleError("warm-up produced NaN or infinite outputs")
-
-    def _fail(self, bundle: Bundle, error: str) -> None:
-        bundle.status, bundle.error = "failed", error
-        log.error(
-            "bundle failed to load and will not be served",
-            extra={"bundle": bundle.name, "path": str(bundle.path), "task": bundle.task, "error": error},
+    def room(self, model: Model) -> int | None:
+        """Bytes the other models leave under MAX_MODELS_MEMORY_MB (the version being replaced is
+        not counted: it goes once the new one serves)."""
+        if self.settings.max_models_memory_mb is None:
+            return None
+        used = sum(
+            (m.current.memory_bytes or 0)
+            for m in self.models.values()
+            if m is not model and m.current is not None
         )
+        return int(self.settings.max_models_memory_mb * MB) - used
 
     # ------------------------------------------------------------------ serving
 
-    def service(self, task: str) -> Any:
-        bundle = self.by_task.get(task)
-        if bundle is None:
-            served = sorted(self.by_task) or ["none"]
-            raise ApiError(
-                404,
-                "no_model",
-                f"no {task} bundle is configured (MODELS_DIR serves: {', '.join(served)})",
+    def names(self, task: str | None = None) -> list[str]:
+        return [
+            n for n, m in self.models.items() if m.status != "unloaded" and (task is None or m.task == task)
+        ]
+
+    def default_name(self, task: str) -> str | None:
+        """DEFAULT_BUNDLES' choice for the task, else its only model."""
+        if task in self.default_names:
+            return self.default_names[task]
+        names = self.names(task)
+        return names[0] if len(names) == 1 else None
+
+    def resolve(self, task: str, name: str | None) -> Model:
+        if name is None:
+            name = self.default_name(task)
+            if name is None:
+                choices = self.names(task)
+                if choices:
+                    raise ModelRequired(
+                        f"{len(choices)} models serve {task} ({', '.join(choices)}) and none is its default: "
+                        f"name one in the 'model' field, or set DEFAULT_BUNDLES={task}=<name>"
+                    )
+                raise NoModel(f"no model serves {task} (models: {self._listing()})")
+        model = self.models.get(name)
+        if model is None or model.status == "unloaded":
+            state = "is unloaded" if model is not None else "does not exist"
+            raise NoModel(f"model {name!r} {state}; models: {self._listing()}")
+        if model.task != task:
+            raise NoModel(
+                f"model {name!r} serves {model.task}, not {task}; {task} models: "
+                f"{', '.join(self.names(task)) or 'none'}"
             )
-        if bundle.status == "failed":
-            raise ApiError(
-                503,
-                "model_unavailable",
-                f"the {task} bundle {bundle.name!r} failed to load and is not served; "
-                "see /models and the logs",
+        return model
+
+    def _listing(self) -> str:
+        return ", ".join(f"{n} ({self.models[n].task})" for n in self.names()) or "none"
+
+    def serving(self, task: str, name: str | None = None) -> Bundle:
+        """The version serving `name` (or the task's default), without leasing it."""
+        model = self.resolve(task, name)
+        if model.current is not None:
+            return model.current
+        if model.status == "failed":
+            raise ModelUnavailable(
+                f"model {model.name!r} failed to load and is not served; see /models and the logs"
             )
-        if bundle.status != "ready" or bundle.service is None:
-            raise ApiError(
-                503,
-                "model_loading",
-                f"the {task} bundle {bundle.name!r} is still loading",
-                headers={"Retry-After": "1"},
-            )
-        return bundle.service
+        if model.status == "unloading":
+            raise ModelUnavailable(f"model {model.name!r} is being unloaded")
+        raise ModelLoading(f"model {model.name!r} is still loading")
+
+    @contextlib.contextmanager
+    def lease(self, task: str, name: str | None = None) -> Iterator[Bundle]:
+        """Serve one request on the version in service now, whatever swaps happen meanwhile."""
+        bundle = self.serving(task, name)
+        bundle.leases += 1
+        try:
+            yield bundle
+        finally:
+            bundle.leases -= 1
+            if bundle.leases == 0 and bundle.idle is not None:
+                bundle.idle.set()
 
     def readiness(self) -> tuple[bool, str, dict[str, str], dict[str, str]]:
-        statuses = {b.name: b.status for b in self.bundles}
-        errors = {b.name: b.error for b in self.bundles if b.status == "failed" and b.error}
-        if any(b.status == "failed" for b in self.bundles):
+        models = [m for m in self.models.values() if m.status != "unloaded"]
+        statuses = {m.name: m.status for m in models}
+        errors = {m.name: m.error for m in models if m.status == "failed" and m.error}
+        if any(m.status == "failed" for m in models):
             return False, "failed", statuses, errors
-        if not self.load_finished or any(b.status != "ready" for b in self.selected):
+        if not self.load_finished or any(m.current is None for m in models):
             return False, "loading", statuses, errors
         return True, "ready", statuses, errors
-
-    async def close(self) -> None:
-        for bundle in self.selected:
-            if bundle.batcher is not None:
-                await bundle.batcher.stop(drain=True)

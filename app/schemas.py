@@ -15,6 +15,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from .repository import MODEL_NAME
+
 
 def _check_text(value: str) -> str:
     if not value.strip():
@@ -56,15 +58,30 @@ AnswerTokens = _bounded_int(1, 512)
 StrideTokens = _bounded_int(0, 512)
 
 
-class Request(BaseModel):
+ModelName = Annotated[
+    str,
+    Field(
+        pattern=MODEL_NAME.pattern,
+        description="The model to serve this request (a name from /models); default: the task's default",
+    ),
+]
+
+
+class Strict(BaseModel):
     # A misspelt field ("txt") is an error that names it, not a silently ignored key.
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class Request(Strict):
+    """A task request: the `model` field picks the model by name (see app/README.md)."""
+
+    model: ModelName | None = None
 
 
 # ----------------------------------------------------------------------------- classify
 
 
-class ClassifyInput(Request):
+class ClassifyInput(Strict):
     text: Text
     text_pair: Text | None = None
 
@@ -72,6 +89,7 @@ class ClassifyInput(Request):
 class ClassifyRequest(Request):
     model_config = ConfigDict(
         extra="forbid",
+        protected_namespaces=(),
         json_schema_extra={
             "examples": [
                 {"text": "this movie was great fun", "top_k": 2},
@@ -132,6 +150,7 @@ class ClassifyBatchResponse(BaseModel):
 class NERRequest(Request):
     model_config = ConfigDict(
         extra="forbid",
+        protected_namespaces=(),
         json_schema_extra={"examples": [{"text": "John Smith lives in New York.", "aggregation": "first"}]},
     )
     text: Text
@@ -161,6 +180,7 @@ class NERResponse(BaseModel):
 class ChoiceRequest(Request):
     model_config = ConfigDict(
         extra="forbid",
+        protected_namespaces=(),
         json_schema_extra={
             "examples": [
                 {
@@ -188,6 +208,7 @@ class ChoiceResponse(BaseModel):
 class QARequest(Request):
     model_config = ConfigDict(
         extra="forbid",
+        protected_namespaces=(),
         json_schema_extra={
             "examples": [
                 {
@@ -249,12 +270,29 @@ class ReadyResponse(BaseModel):
     errors: dict[str, str] = Field(default_factory=dict)
 
 
-class ModelInfo(BaseModel):
-    name: str
+class VersionInfo(BaseModel):
+    version: str
     path: str
-    task: str | None
-    status: str
+    status: str = Field(description="loading | serving | retiring | retired | rejected")
+    digest: str | None = Field(None, description="First 12 hex digits of the sha256 of its bundle.json")
     error: str | None = None
+    at: str = Field(description="When it reached this status (UTC)")
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    name: str
+    path: str | None = Field(None, description="The serving version's directory")
+    task: str | None
+    status: str = Field(description="pending | loading | ready | failed | unloading | unloaded")
+    error: str | None = None
+    default: bool = Field(False, description="Serves requests of its task that name no model")
+    version: str | None = Field(None, description="The version serving (X-Model-Version)")
+    digest: str | None = None
+    memory_mb: float | None = Field(
+        None, description="Resident memory its load and warm-up took (RSS growth)"
+    )
+    in_flight: int = Field(0, description="Requests the serving version is answering now")
     labels: list[str] | None = None
     problem_type: str | None = None
     variant: str | None = None
@@ -268,7 +306,28 @@ class ModelInfo(BaseModel):
     qa_defaults: dict[str, int] | None = None
     limits: dict[str, int | float | str] = Field(default_factory=dict)
     load_seconds: float | None = None
+    versions: list[VersionInfo] = Field(
+        default_factory=list, description="Recent version events, newest first"
+    )
 
 
 class ModelsResponse(BaseModel):
     models: list[ModelInfo]
+    memory_mb: float | None = Field(None, description="Sum over the serving versions")
+    max_models_memory_mb: float | None = Field(None, description="MAX_MODELS_MEMORY_MB, if set")
+
+
+class LoadResponse(BaseModel):
+    changed: bool = Field(description="A new version went into service (false: these files already serve)")
+    model: ModelInfo
+
+
+class UnloadResponse(BaseModel):
+    waited_s: float = Field(description="How long the in-flight requests took to finish")
+    model: ModelInfo
+
+
+class PollResponse(BaseModel):
+    loaded: list[str]
+    rejected: list[str]
+    unloaded: list[str]

@@ -44,7 +44,7 @@ from .schemas import (
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from .registry import Bundle
+    from .loader import Bundle
 
 T = TypeVar("T")
 log = logging.getLogger("app.services")
@@ -70,9 +70,9 @@ class Timings:
     def header(self) -> str:
         return ", ".join(f"{stage};dur={seconds * 1000:.2f}" for stage, seconds in self.stages.items())
 
-    def observe(self, metrics: Metrics, task: str) -> None:
+    def observe(self, metrics: Metrics, task: str, model: str) -> None:
         for stage, seconds in self.stages.items():
-            metrics.stage.labels(stage=stage, task=task).observe(seconds)
+            metrics.stage.labels(stage=stage, task=task, model=model).observe(seconds)
 
 
 async def gather_all(futures: Sequence[asyncio.Future]) -> list[ItemResult]:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 TASK_NAMES = ("classify", "ner", "multiple-choice", "qa")
@@ -52,6 +52,13 @@ class Settings(BaseSettings):
         None, ge=0, description="Tokens shared by NER / classify windows (unset: the bundle's own)"
     )
     api_key: SecretStr | None = None
+    admin_api_key: SecretStr | None = Field(
+        None, description="Bearer key of the admin API (load/unload models); unset = the admin API is off"
+    )
+    model_poll_s: float = Field(0.0, ge=0, description="Apply MODELS_DIR's changes every N seconds; 0 = off")
+    max_models_memory_mb: float | None = Field(
+        None, gt=0, description="Most resident memory all loaded models may take; unset = no limit"
+    )
     cors_origins: str = ""
     log_level: str = "INFO"
     default_bundles: str = ""
@@ -71,10 +78,18 @@ class Settings(BaseSettings):
     )
     shutdown_grace_s: float = Field(30.0, ge=0, description="How long shutdown waits for in-flight work")
 
-    @field_validator("api_key", mode="before")
+    @field_validator("api_key", "admin_api_key", mode="before")
     @classmethod
     def _empty_key_is_none(cls, value: object) -> object:
         return None if value in ("", None) else value
+
+    @model_validator(mode="after")
+    def _admin_key_is_its_own(self) -> Settings:
+        # Whoever may call the model endpoints must not be able to swap the models.
+        if self.admin_api_key is not None and self.api_key is not None:
+            if self.admin_api_key.get_secret_value() == self.api_key.get_secret_value():
+                raise ValueError("ADMIN_API_KEY must differ from API_KEY")
+        return self
 
     @field_validator("log_level")
     @classmethod

@@ -1,4 +1,4 @@
-"""`python -m export CHECKPOINT_DIR OUT_DIR [options]`: build a verified model bundle."""
+"""`python -m export CHECKPOINT OUT_DIR [options]`: build a verified model bundle."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import DEFAULT_QA, BundleError, load_bundle_manifest
+from .bundle import DEFAULT_QA, TASKS, BundleError, load_bundle_manifest
 
 ALL_VARIANTS = ("fp32", "fused", "int8", "fp16")
 
@@ -17,14 +17,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m export",
         description=(
-            "Export a fine-tuned checkpoint (HF layout, config.json with `task` and labels) to a "
-            "self-describing bundle: ONNX variants, tokenizer files and bundle.json with hashes and "
-            "verification / fusion / quantization reports. Fails (exit 1, nothing written) when the "
+            "Export a fine-tuned BERT checkpoint, as `transformers` save_pretrained or this project's "
+            "trainer writes it, to a self-describing bundle: ONNX variants, tokenizer files and "
+            "bundle.json with hashes and verification / fusion / quantization reports. The head comes "
+            "from config.json `architectures` (BertForSequenceClassification, BertForTokenClassification, "
+            "BertForMultipleChoice, BertForQuestionAnswering) or --task, the labels from `id2label`, "
+            "regression from `problem_type` or a single label. Fails (exit 1, nothing written) when the "
             "ONNX graph disagrees with PyTorch."
         ),
     )
-    parser.add_argument("checkpoint_dir", type=Path, help="fine-tuned checkpoint directory (config.task set)")
+    parser.add_argument(
+        "checkpoint",
+        help="fine-tuned checkpoint: a directory, or a Hugging Face hub id such as org/name "
+        "(fetched into the hub cache; HF_HUB_OFFLINE=1 uses the cache only)",
+    )
     parser.add_argument("out_dir", type=Path, help="bundle directory to create")
+    parser.add_argument(
+        "--task",
+        choices=TASKS,
+        default=None,
+        help="the fine-tuned head, when config.json `architectures` does not name it",
+    )
+    parser.add_argument("--revision", default=None, help="hub revision (branch, tag or commit) of a hub id")
     parser.add_argument(
         "--variants",
         default=",".join(ALL_VARIANTS),
@@ -109,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         batches = load_eval_features(args.eval_features, args.eval_batch_size) if args.eval_features else None
         out = export_bundle(
-            args.checkpoint_dir,
+            args.checkpoint,
             args.out_dir,
+            task=args.task,
+            revision=args.revision,
             variants=variants,
             max_seq_len=args.max_seq_len,
             eval_batches=batches,

@@ -39,24 +39,70 @@ class OnnxHead(nn.Module):
         return out.logits
 
 
-def load_head(checkpoint_dir: str | Path) -> tuple[nn.Module, BertConfig]:
-    """Load the checkpoint with the head its `config.task` names, in eval mode."""
+# A `transformers` checkpoint names its head class in config.json `architectures`; ours are the
+# same classes by the same names (model.bert.TASK_HEADS).
+ARCHITECTURE_TASKS = {head.__name__: task for task, head in TASK_HEADS.items() if task in TASKS}
+
+
+def checkpoint_task(config: BertConfig, where: str, requested: str | None = None) -> str:
+    """The task head a checkpoint was fine-tuned for: `requested` (--task), else config.task (our
+    trainer's), else what `architectures` names. Refuses a request that contradicts the config."""
+    architectures = config.extra.get("architectures") or []
+    declared = {ARCHITECTURE_TASKS[a] for a in architectures if a in ARCHITECTURE_TASKS}
+    if config.task is not None:
+        declared.add(config.task)
+    if requested is not None:
+        if requested not in TASKS:
+            raise ExportError(f"--task {requested!r} is not one of {', '.join(TASKS)}")
+        if declared and requested not in declared:
+            raise ExportError(
+                f"{where}/config.json says the head is for {sorted(declared)} (architectures "
+                f"{architectures}, task {config.task!r}), not --task {requested}"
+            )
+        return requested
+    if config.task is not None and config.task not in TASKS:
+        raise ExportError(
+            f"{where}/config.json has task {config.task!r}; export supports {', '.join(TASKS)} "
+            "(pass --task to name the fine-tuned head)"
+        )
+    if len(declared) == 1:
+        return declared.pop()
+    known = ", ".join(f"{a} -> {t}" for a, t in ARCHITECTURE_TASKS.items())
+    named = architectures or "absent"
+    raise ExportError(
+        f"cannot tell which task head {where} holds: config.json `architectures` is {named} "
+        f"and `task` is {config.task!r} (known architectures: {known}); pass --task "
+        f"{{{','.join(TASKS)}}} to name it"
+    )
+
+
+def check_supported(config: BertConfig, where: str) -> None:
+    """Refuse configs our BERT does not implement, instead of exporting something else."""
+    model_type = config.extra.get("model_type", "bert")
+    if model_type != "bert":
+        raise ExportError(f"{where}/config.json has model_type {model_type!r}; only BERT checkpoints export")
+    position = config.extra.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise ExportError(
+            f"{where}/config.json has position_embedding_type {position!r}; only 'absolute' is implemented"
+        )
+
+
+def load_head(checkpoint_dir: str | Path, task: str | None = None) -> tuple[nn.Module, BertConfig]:
+    """Load the checkpoint with its task head (see checkpoint_task), in eval mode; config.task is set."""
     checkpoint_dir = Path(checkpoint_dir)
     if not (checkpoint_dir / "config.json").is_file():
         raise ExportError(f"{checkpoint_dir} has no config.json: not a checkpoint directory")
     config = BertConfig.from_pretrained(checkpoint_dir)
-    if config.task not in TASKS:
-        raise ExportError(
-            f"{checkpoint_dir}/config.json has task {config.task!r}; export supports {', '.join(TASKS)} "
-            "(set config.task to the fine-tuned head)"
-        )
-    model = TASK_HEADS[config.task].from_pretrained(checkpoint_dir)
+    check_supported(config, str(checkpoint_dir))
+    task = checkpoint_task(config, str(checkpoint_dir), task)
+    model = TASK_HEADS[task].from_pretrained(checkpoint_dir, task=task)
     if getattr(model, "missing_keys", None):
         raise ExportError(
             f"{checkpoint_dir}: weights missing for {', '.join(model.missing_keys)}; exporting would ship "
             "randomly initialised parameters"
         )
-    return model.eval(), config
+    return model.eval(), model.config
 
 
 def example_inputs(

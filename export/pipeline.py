@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from model.checkpoint import CheckpointError, resolve_checkpoint
 from processing.words import WORD_SPLITS
 
 from . import optimize, quantize
@@ -83,6 +84,8 @@ def _do_lower_case(checkpoint_dir: Path) -> bool:
 
 
 def _labels(config, task: str) -> tuple[list[str] | None, str | None]:
+    """Labels from id2label; for classify, regression as `transformers` decides it: problem_type, or
+    a single output."""
     if task not in ("classify", "ner"):
         return None, None
     id2label = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
@@ -91,6 +94,16 @@ def _labels(config, task: str) -> tuple[list[str] | None, str | None]:
     labels = [id2label[i] for i in range(len(id2label))]
     if task == "ner":
         return labels, None
+    if config.problem_type == "multi_label_classification":
+        raise ExportError(
+            "config.json has problem_type 'multi_label_classification': the service scores labels with "
+            "a softmax, which is wrong for independent labels; multi-label export is not supported"
+        )
+    if config.problem_type == "regression" and len(labels) != 1:
+        raise ExportError(
+            f"config.json has problem_type 'regression' with {len(labels)} outputs; the service serves "
+            "one regression value"
+        )
     return labels, "regression" if len(labels) == 1 else "single_label_classification"
 
 
@@ -152,9 +165,11 @@ def _fp16_check(task: str, path: Path, cases, references) -> dict[str, Any]:
 
 
 def export_bundle(
-    checkpoint_dir: str | Path,
+    checkpoint: str | Path,
     out_dir: str | Path,
     *,
+    task: str | None = None,
+    revision: str | None = None,
     variants: Sequence[str] = VARIANTS,
     max_seq_len: int | None = None,
     eval_batches: list[dict[str, np.ndarray]] | None = None,
@@ -165,12 +180,13 @@ def export_bundle(
     overwrite: bool = False,
     log: Callable[[str], None] = lambda message: None,
 ) -> Path:
-    """Export `checkpoint_dir` (config.task names the head) into the bundle `out_dir`.
+    """Export `checkpoint` (a directory, or a hub id fetched at `revision`) into the bundle `out_dir`.
 
-    Raises ExportError / VerificationError (naming the offending case) and leaves `out_dir`
-    untouched when any check fails. Returns `out_dir`.
+    The head is `task`, else config.task, else what config.json `architectures` names
+    (onnx_export.checkpoint_task). Raises ExportError / VerificationError (naming the offending
+    case) and leaves `out_dir` untouched when any check fails. Returns `out_dir`.
     """
-    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    out_dir = Path(out_dir)
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise ExportError(f"unknown variant(s) {unknown or '(none given)'}; choose from {VARIANTS}")
@@ -179,8 +195,13 @@ def export_bundle(
             f"{out_dir} exists and is not empty; pass overwrite=True (--overwrite) to replace it"
         )
     started = time.perf_counter()
+    try:
+        checkpoint_dir = resolve_checkpoint(checkpoint, revision)
+    except CheckpointError as e:
+        raise ExportError(str(e)) from e
+    from_hub = not Path(checkpoint).is_dir()
     log(f"loading {checkpoint_dir}")
-    model, config = load_head(checkpoint_dir)
+    model, config = load_head(checkpoint_dir, task)
     task = config.task
     max_seq_len = max_seq_len or config.max_position_embeddings
     if not 2 <= max_seq_len <= config.max_position_embeddings:
@@ -208,7 +229,7 @@ def export_bundle(
         manifest = BundleManifest(
             format_version=FORMAT_VERSION,
             task=task,
-            name=name or checkpoint_dir.resolve().name,
+            name=name or (str(checkpoint).rsplit("/", 1)[-1] if from_hub else checkpoint_dir.resolve().name),
             labels=labels,
             problem_type=problem_type,
             max_seq_len=max_seq_len,
@@ -241,6 +262,7 @@ def export_bundle(
                 "hidden_act": config.hidden_act,
                 "opset": opset,
                 "source_checkpoint": str(checkpoint_dir.resolve()),
+                **({"source_hub_id": str(checkpoint), "source_revision": revision} if from_hub else {}),
             },
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )

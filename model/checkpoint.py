@@ -6,8 +6,10 @@ safetensors first, else `torch.load(weights_only=True)`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import TypeVar
@@ -50,7 +52,21 @@ def resolve_base(name_or_path: str | Path) -> Path:
             return minilm_package_dir()
         except CheckpointError:
             pass
-    return download_from_hub(str(name_or_path))
+    return resolve_checkpoint(name_or_path)
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def resolve_checkpoint(name_or_path: str | Path, revision: str | None = None) -> Path:
+    """A local checkpoint directory, or a hub id (`org/name`) fetched into the hub cache, which
+    HF_HUB_CACHE / HF_HUB_OFFLINE steer as for `transformers`."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if not HUB_ID.match(str(name_or_path)) or ".." in str(name_or_path):
+        raise CheckpointError(f"{name_or_path} is not a directory, nor a hub id such as org/name")
+    return download_from_hub(str(name_or_path), revision)
 
 
 def minilm_package_dir() -> Path:
@@ -62,24 +78,42 @@ def minilm_package_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
-def download_from_hub(repo_id: str) -> Path:
+def download_from_hub(repo_id: str, revision: str | None = None) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError as e:  # pragma: no cover - huggingface_hub ships with transformers
         raise CheckpointError(f"{repo_id!r} is not a directory and huggingface_hub is missing") from e
-    patterns = ["config.json", "*.safetensors", "*.bin", *TOKENIZER_FILES]
+    patterns = ["config.json", "*.safetensors", "*.bin", "*.index.json", *TOKENIZER_FILES]
+    extra = {"revision": revision} if revision else {}
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, **extra))
     except Exception as e:
-        raise CheckpointError(f"could not fetch {repo_id!r} from the Hugging Face hub: {e}") from e
+        raise CheckpointError(
+            f"{repo_id!r} is not a local directory, and fetching it from the Hugging Face hub failed: {e}"
+        ) from e
+
+
+def _read_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
-    if (directory / WEIGHTS_SAFETENSORS).exists():
-        return load_file(str(directory / WEIGHTS_SAFETENSORS))
-    if (directory / WEIGHTS_PICKLE).exists():
-        return torch.load(directory / WEIGHTS_PICKLE, map_location="cpu", weights_only=True)
-    raise CheckpointError(f"no {WEIGHTS_SAFETENSORS} or {WEIGHTS_PICKLE} in {directory}")
+    """One weights file, or the shards a `*.index.json` lists (as `save_pretrained` writes big models)."""
+    for name in (WEIGHTS_SAFETENSORS, WEIGHTS_PICKLE):
+        if (directory / name).exists():
+            return _read_weights_file(directory / name)
+        index = directory / f"{name}.index.json"
+        if index.exists():
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            state: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                if Path(shard).name != shard:
+                    raise CheckpointError(f"{index}: shard {shard!r} must be a file name beside the index")
+                state.update(_read_weights_file(directory / shard))
+            return state
+    raise CheckpointError(f"no {WEIGHTS_SAFETENSORS} or {WEIGHTS_PICKLE} (or a sharded index) in {directory}")
 
 
 def normalize_keys(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -40,6 +40,29 @@ def app_bundles(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+TOPICS = ["sports", "politics", "science"]
+
+
+@pytest.fixture(scope="session")
+def other_bundles(tmp_path_factory) -> dict[str, Path]:
+    """A second classify model (other weights, three topic labels) and a second NER model (other
+    weights), int8 only: for serving several models of one task side by side."""
+    from export import export_bundle
+
+    root = tmp_path_factory.mktemp("other-bundles")
+    specs = {"classify": {"labels": TOPICS}, "ner": {}}
+    return {
+        task: export_bundle(
+            make_tiny_checkpoint(task, root / "checkpoints" / task, seed=1, **spec),
+            root / "models" / task,
+            max_seq_len=MAX_SEQ_LEN,
+            variants=("int8",),
+            name=f"other-{task}",
+        )
+        for task, spec in specs.items()
+    }
+
+
 @pytest.fixture(scope="session")
 def regression_bundle(tmp_path_factory) -> Path:
     """A one-output classify bundle (problem_type regression), fp32 + int8 only."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.conftest import MAX_SEQ_LEN, TASKS  # noqa: F401 - re-exported for the app tests
 
@@ -50,5 +51,31 @@ async def serving(
             yield app, client
 
 
-def bundle_of(app: Any, task: str) -> Any:
-    return app.state.service_state.registry.by_task[task]
+def bundle_of(app: Any, task: str, model: str | None = None) -> Any:
+    """The version serving `model` (default: the task's default model)."""
+    return app.state.service_state.registry.serving(task, model)
+
+
+def relabel(bundle_dir: Path, labels: list[str]) -> None:
+    """Rename a bundle's labels (bundle.json lists no hash of itself): answers then show which copy
+    of the same weights served them."""
+    from export.bundle import load_bundle_manifest, write_manifest
+
+    manifest = load_bundle_manifest(bundle_dir)
+    manifest.labels = labels
+    write_manifest(bundle_dir, manifest)
+
+
+@pytest.fixture
+def add_version(app_bundles):
+    """Copy a tiny bundle into MODELS_DIR as `model` (flat) or `model/<version>` (versioned)."""
+    import shutil
+
+    def add(root: Path, model: str, version: str | None = None, task: str = "classify", labels=None) -> Path:
+        target = root / model / version if version else root / model
+        shutil.copytree(app_bundles[task], target)
+        if labels:
+            relabel(target, labels)
+        return target
+
+    return add

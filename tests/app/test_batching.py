@@ -73,10 +73,12 @@ async def test_concurrent_requests_get_their_own_answers(models_dir):
             line = next(
                 x
                 for x in text.splitlines()
-                if x.startswith(f'bert_batch_size_bucket{{le="1.0",task="{task}"}}')
+                if x.startswith(f'bert_batch_size_bucket{{le="1.0",model="{task}",task="{task}"}}')
             )
             count = next(
-                x for x in text.splitlines() if x.startswith(f'bert_batch_size_count{{task="{task}"}}')
+                x
+                for x in text.splitlines()
+                if x.startswith(f'bert_batch_size_count{{model="{task}",task="{task}"}}')
             )
             assert float(line.split()[-1]) < float(count.split()[-1]), task  # some batch held > 1 item
 
@@ -130,8 +132,8 @@ async def test_overload_answers_429_at_once(models_dir):
         # Once drained, the same request is served.
         assert (await client.post("/classify", json={"text": "four"})).status_code == 200
         metrics = (await client.get("/metrics")).text
-        assert 'bert_rejected_total{reason="queue_full",task="classify"} 1.0' in metrics
-        assert 'bert_requests_total{endpoint="/classify",status="429"} 1.0' in metrics
+        assert 'bert_rejected_total{model="classify",reason="queue_full",task="classify"} 1.0' in metrics
+        assert 'bert_requests_total{endpoint="/classify",model="classify",status="429"} 1.0' in metrics
 
 
 async def test_request_larger_than_the_queue_is_413(models_dir):
@@ -195,4 +197,4 @@ async def test_work_of_a_vanished_client_is_dropped(models_dir):
         await until(lambda: batcher.depth == 0)
         assert gated.rows == [1]  # only `busy` ever reached the model
         metrics = (await client.get("/metrics")).text
-        assert f'bert_rejected_total{{reason="cancelled",task="qa"}} {float(queued)}' in metrics
+        assert f'bert_rejected_total{{model="qa",reason="cancelled",task="qa"}} {float(queued)}' in metrics

@@ -126,7 +126,7 @@ async def test_size_limits(models_dir):
         mc = {"context": "c", "choices": ["a", "b" * 1001]}
         assert_error(await client.post("/multiple-choice", json=mc), 413, "choices.1")
         metrics = (await client.get("/metrics")).text
-        assert 'bert_rejected_total{reason="payload_too_large",task="ner"} 2.0' in metrics
+        assert 'bert_rejected_total{model="",reason="payload_too_large",task="ner"} 2.0' in metrics
 
 
 async def test_unknown_routes_and_methods(models_dir):
@@ -134,7 +134,7 @@ async def test_unknown_routes_and_methods(models_dir):
         assert_error(await client.get("/nope"), 404)
         assert_error(await client.get("/classify"), 405)
         metrics = (await client.get("/metrics")).text
-        assert 'endpoint="other",status="404"' in metrics  # raw paths never become label values
+        assert 'endpoint="other",model="",status="404"' in metrics  # raw paths never become label values
 
 
 async def test_task_without_bundle(make_models_dir):

@@ -13,21 +13,22 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from app import loader
 from app.main import ServiceState, _hook_termination, create_app
-from app.registry import ConfigError, Registry
+from app.registry import ConfigError
 from app.settings import Settings
 from tests.app.conftest import bundle_of, serving, wait_ready
 
 
 async def test_ready_only_after_load_and_warm_up(models_dir, monkeypatch):
     release = threading.Event()
-    original = Registry._warm_up
+    original = loader.warm_up
 
-    def slow_warm_up(self, bundle):
+    def slow_warm_up(bundle, max_batch_size):
         assert release.wait(20)
-        original(self, bundle)
+        original(bundle, max_batch_size)
 
-    monkeypatch.setattr(Registry, "_warm_up", slow_warm_up)
+    monkeypatch.setattr(loader, "warm_up", slow_warm_up)
     async with serving(models_dir, ready=False) as (_, client):
         r = await client.get("/ready")
         assert r.status_code == 503 and r.json()["status"] == "loading"
@@ -94,17 +95,17 @@ async def expect_config_error(models_dir, match: str, **overrides) -> None:
             pass
 
 
-async def test_one_bundle_per_task_unless_a_default_is_named(make_models_dir, tmp_path):
+async def test_default_bundles_must_name_a_model_of_the_task(make_models_dir, tmp_path):
     two = make_models_dir({"sst2": "classify", "imdb": "classify", "conll": "ner"})
-    await expect_config_error(two, "DEFAULT_BUNDLES=classify=<name>")
-    await expect_config_error(two, "'nope'", default_bundles="classify=nope")
-    async with serving(two, default_bundles="classify=imdb") as (_, client):
-        models = {m["name"]: m for m in (await client.get("/models")).json()["models"]}
-        assert models["imdb"]["status"] == "ready" and models["sst2"]["status"] == "ignored"
-        assert models["sst2"]["variant"] is None  # never loaded
-    # The manifest name works as well as the directory name.
+    await expect_config_error(
+        two,
+        r"'nope' for classify, but the classify models in MODELS_DIR are \['imdb', 'sst2'\]",
+        default_bundles="classify=nope",
+    )
+    await expect_config_error(two, "'conll' for classify", default_bundles="classify=conll")
+    # The manifest name works as well as the directory name (as before models had names).
     async with serving(two, default_bundles="classify=tiny-classify,ner=conll") as (app, _):
-        assert bundle_of(app, "classify").name in ("imdb", "sst2")
+        assert bundle_of(app, "classify").name == "imdb"
     await expect_config_error(tmp_path / "absent", "not a directory")
     (tmp_path / "empty").mkdir()
     await expect_config_error(tmp_path / "empty", "no bundles")
@@ -133,7 +134,7 @@ async def test_cuda_session_that_falls_back_fails_the_bundle(make_models_dir, mo
 
         return real_create(path, device, threads, spinning, session_factory=factory, **kwargs)
 
-    monkeypatch.setattr(registry_module, "create_runtime", cpu_only_session)
+    monkeypatch.setattr(loader, "create_runtime", cpu_only_session)
     async with serving(make_models_dir(("classify",)), ready=False, device="cuda") as (_, client):
         r = await wait_ready(client)
         assert r.status_code == 503 and "Refusing to fall back" in r.json()["errors"]["classify"]

@@ -38,36 +38,40 @@ def write_tokenizer_files(directory: Path) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
 
 
-def tiny_config(task: str | None = None, **overrides):
-    from model.config import BertConfig
-
-    kwargs = dict(
+def tiny_sizes() -> dict[str, int]:
+    """The tiny encoder's shape, shared by our configs and `transformers`' ones."""
+    return dict(
         vocab_size=len(tiny_vocab()),
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=4,
         intermediate_size=64,
         max_position_embeddings=128,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        task=task,
     )
+
+
+def tiny_config(task: str | None = None, labels: list[str] | None = None, **overrides):
+    from model.config import BertConfig
+
+    kwargs = dict(**tiny_sizes(), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, task=task)
     kwargs.update(overrides)
     config = BertConfig(**kwargs)
-    labels = TASK_LABELS.get(task or "")
+    labels = labels or TASK_LABELS.get(task or "")
     if labels:
         config.id2label = dict(enumerate(labels))
     return config
 
 
-def make_tiny_checkpoint(task: str, directory: Path, seed: int = 0, **overrides) -> Path:
+def make_tiny_checkpoint(
+    task: str, directory: Path, seed: int = 0, labels: list[str] | None = None, **overrides
+) -> Path:
     """A random checkpoint for `task` ("classify", "ner", "multiple-choice", "qa", "pretrain")."""
     import torch
 
     from model.bert import TASK_HEADS
 
     torch.manual_seed(seed)
-    model = TASK_HEADS[task](tiny_config(task, **overrides))
+    model = TASK_HEADS[task](tiny_config(task, labels, **overrides))
     # Random weights with std 0.02 give near-uniform outputs; widen them so tests can
     # tell answers apart.
     with torch.no_grad():

@@ -200,7 +200,7 @@ async def test_internal_errors_carry_no_stack_trace(models_dir, monkeypatch, whe
 
     async with serving(models_dir) as (app, client):
         if where == "service":
-            bundle = app.state.service_state.registry.by_task["ner"]
+            bundle = app.state.service_state.registry.serving("ner")
             monkeypatch.setattr(bundle, "service", explode)
         else:
             monkeypatch.setattr("app.routes.Timings", lambda: (_ for _ in ()).throw(KeyError(secret_path)))

@@ -18,7 +18,7 @@ IN_FLIGHT = 6
 
 def queue_depth(url: str) -> float:
     for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
-        if line.startswith('bert_queue_depth{task="classify"}'):
+        if line.startswith('bert_queue_depth{model="classify",task="classify"}'):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 

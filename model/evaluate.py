@@ -79,11 +79,18 @@ def feature_task(task_name: str, tokenizer, train_argv: Sequence[str], recorded:
     return TASKS[task_name](tokenizer, options)
 
 
-def run_evaluation(model, task, examples: list, labels: list[str] | None, eval_batch_size: int) -> dict:
+def run_evaluation(
+    model,
+    task,
+    examples: list,
+    labels: list[str] | None,
+    eval_batch_size: int,
+    base_labels: list[str] | None = None,
+) -> dict:
     """The trainer's own evaluation loop over `examples`."""
     from .trainer import TrainConfig, Trainer
 
-    task.fit_labels(examples, labels)
+    task.fit_labels(examples, labels, base_labels)
     valid = task.features(examples, train=False)
     config = TrainConfig(batch_size=1, eval_batch_size=eval_batch_size, precision="fp32", progress=False)
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,11 +121,12 @@ def evaluate_checkpoint(
     keys = ("max_seq_len", "long_text", "window_overlap", "doc_stride", "max_query_len", "max_answer_len")
     recorded = {k: config.extra.get(k) for k in keys}
     task = feature_task(task_name, TextTokenizer.from_dir(checkpoint), train_argv, recorded)
-    labels = [config.id2label[i] for i in range(len(config.id2label))] if config.id2label else None
-    if task_name == "classify" and config.problem_type == "regression":
-        labels = ["regression"]
+    # The checkpoint's labels where they cover the data; otherwise the data's own codes in sorted
+    # order (a default whose ids were renamed keeps them: SST-2's "0"/"1" are negative/positive).
+    base = [config.id2label[i] for i in range(len(config.id2label))] if config.id2label else None
+    given = ["regression"] if task_name == "classify" and config.problem_type == "regression" else None
     model = TASK_HEADS[task_name].from_pretrained(checkpoint)
-    return run_evaluation(model, task, examples, labels, eval_batch_size)
+    return run_evaluation(model, task, examples, given, eval_batch_size, base)
 
 
 def evaluate_bundle(

@@ -12,7 +12,7 @@
    a line (latency = a + b * chars) and a log-log exponent are fitted: 1 means linear growth.
 
 Articles (`--articles`): the default `trainer:0.15:42` is exactly the validation split that
-`python -m model.train --validation-fraction 0.15` (seed 42) held out of this file, i.e. articles
+`python -m train --validation-fraction 0.15` (seed 42) held out of this file, i.e. articles
 the QA default never trained on. The last 15% of the file by order (`last:0.15`) would mostly be
 training articles under that split, so it is available but not the default. Also accepted: a
 comma list of article indices or titles, or `all`.
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data.is_file():
         print(f"skipping qa_vs_pipeline: SQuAD data not found at {args.data} (expected ../shared/data)")
         return 0
-    from model.readers import read_squad
+    from train.readers import read_squad
 
     if args.dev_models:
         checkpoint_dir, bundle = common.build_dev_models(["qa"], args.work_dir)["qa"]

@@ -7,12 +7,13 @@ and `bundle.json` describing the task, labels, I/O names, hashes and the export 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from processing.files import sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "bundle.json"
@@ -21,7 +22,6 @@ INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 PRECISIONS = ("fp32", "fp16", "int8")
 DEVICES = ("cpu", "cuda", "any")
 DEFAULT_QA = {"doc_stride": 128, "max_query_len": 64, "max_answer_len": 30}
-_CHUNK = 1 << 20
 
 
 class BundleError(ValueError):
@@ -106,14 +106,6 @@ class BundleManifest:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def file_info(path: Path) -> FileInfo:

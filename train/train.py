@@ -1,4 +1,4 @@
-"""Fine-tune (or pretrain) a BERT checkpoint: `python -m model.train --task classify --train ...`.
+"""Fine-tune (or pretrain) a BERT checkpoint: `python -m train --task classify --train ...`.
 
 The output directory is a checkpoint in the Hugging Face layout (config with `task` and
 `id2label`, weights, tokenizer files), with `best/` (best validation score), `train_state.pt`
@@ -19,24 +19,25 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from model.bert import TASK_HEADS, BertModel
+from model.checkpoint import CheckpointError, resolve_base
+from model.config import BertConfig
 from processing.tokenizer import TextTokenizer
 from processing.words import WORD_SPLITS, split_words
 
-from .bert import TASK_HEADS, BertModel
-from .checkpoint import CheckpointError, resolve_base
-from .config import BertConfig
+from .examples import DataError
 from .features import DEFAULT_METRIC, TASKS, FeatureOptions, Task, check_metric
-from .readers import FORMATS, DataError
+from .readers import FORMATS
 from .schedules import SCHEDULES
 from .splits import HOLDOUTS, DataOptions, read_file, split_examples, subsample
 from .trainer import TrainConfig, Trainer
 
-log = logging.getLogger("model.train")
+log = logging.getLogger("train.train")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m model.train",
+        prog="python -m train",
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> dict:
         trim_memory=args.trim_memory,
     )
     # "python", not this interpreter's path: the command is recorded in results files for others to run.
-    command = shlex.join(["python", "-m", "model.train", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "train", *(argv if argv is not None else sys.argv[1:])])
     trainer = Trainer(
         model,
         task,
@@ -398,9 +399,13 @@ def main(argv: list[str] | None = None) -> dict:
     return summary
 
 
-if __name__ == "__main__":
+def cli() -> None:
     try:
         main()
     except (DataError, CheckpointError, FileNotFoundError, ValueError) as error:
         # Bad input or options: one clear line rather than a traceback.
         sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    cli()

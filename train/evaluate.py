@@ -1,14 +1,14 @@
 """Evaluate a model the way training does: a checkpoint, an exported bundle, or a live service.
 
-    python -m model.evaluate CHECKPOINT            DATA   # PyTorch
-    python -m model.evaluate --bundle DIR [--variant int8] DATA   # ONNX Runtime on a bundle
-    python -m model.evaluate --url http://host:8000 [--model NAME] DATA   # the service, over HTTP
+    python -m train.evaluate CHECKPOINT            DATA   # PyTorch
+    python -m train.evaluate --bundle DIR [--variant int8] DATA   # ONNX Runtime on a bundle
+    python -m train.evaluate --url http://host:8000 [--model NAME] DATA   # the service, over HTTP
 
 DATA is either every example of one file,
 
     --task ner --data ../shared/data/conll2003/dev.txt
 
-or, after `--`, the data options of the `python -m model.train` run, so that the validation slice
+or, after `--`, the data options of the `python -m train` run, so that the validation slice
 is exactly the one that run held out:
 
     -- --task classify --train ../shared/data/sst2/train.tsv --validation-fraction 0.12 --holdout whole-texts
@@ -103,10 +103,9 @@ def evaluate_checkpoint(
     """A checkpoint in PyTorch; features as the training run made them (or as the model recorded)."""
     import torch
 
+    from model.bert import TASK_HEADS
+    from model.config import BertConfig
     from processing.tokenizer import TextTokenizer
-
-    from .bert import TASK_HEADS
-    from .config import BertConfig
 
     if train_argv and train_args(train_argv).num_threads:
         torch.set_num_threads(train_args(train_argv).num_threads)
@@ -163,7 +162,7 @@ def evaluate_bundle(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m model.evaluate",
+        prog="python -m train.evaluate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

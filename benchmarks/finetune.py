@@ -1,7 +1,7 @@
 """Fine-tune MiniLM on each real dataset, then store the compact defaults and measure their cost.
 
-    python benchmarks/finetune.py                      # train all four, compress, evaluate
-    python benchmarks/finetune.py --tasks sst2 --skip-train   # reuse runs/sst2
+    python -m benchmarks.finetune                      # train all four, compress, evaluate
+    python -m benchmarks.finetune --tasks sst2 --skip-train   # reuse runs/sst2
 
 For every task: train with the recipe below (`python -m train`, CPU, bf16 autocast,
 frozen embeddings), compress the best checkpoint into `defaults/<name>` (model.compact),
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 BASE = "minilm"
 COMMON = [

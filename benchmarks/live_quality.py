@@ -24,12 +24,11 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.finetune import recipes
+from train.evaluate import evaluate_bundle, select_examples
+from train.live_eval import evaluate_live
 
-from benchmarks.finetune import recipes  # noqa: E402
-from train.evaluate import evaluate_bundle, select_examples  # noqa: E402
-from train.live_eval import evaluate_live  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 COMMAND = "python -m benchmarks.live_quality"
 

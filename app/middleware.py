@@ -9,6 +9,8 @@ from typing import Any
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from processing.tasks import TASK_PATHS
+
 from .errors import ERRORS, RETRY_AFTER_S, domain_error_response
 from .logs import new_request_id, request_id_var
 from .metrics import Metrics
@@ -16,7 +18,6 @@ from .request_errors import BodyTooLarge, InternalError, Overloaded
 
 log = logging.getLogger("app.access")
 
-TASK_PATHS = {"/classify": "classify", "/ner": "ner", "/multiple-choice": "multiple-choice", "/qa": "qa"}
 KNOWN_PATHS = set(TASK_PATHS) | {
     "/health",
     "/ready",

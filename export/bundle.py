@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from processing.files import sha256_file
+from processing.tasks import TASK_NAMES
+from processing.tasks import TASKS as TASK_SPECS
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "bundle.json"
-TASKS = ("classify", "ner", "multiple-choice", "qa")
+TASKS = TASK_NAMES
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 PRECISIONS = ("fp32", "fp16", "int8")
 DEVICES = ("cpu", "cuda", "any")
@@ -32,15 +34,9 @@ def task_io(task: str, num_labels: int | None = None) -> tuple[list[dict], list[
     """Input and output tensor specs (name, dtype, symbolic shape) for a task's graph."""
     if task not in TASKS:
         raise BundleError(f"unknown task {task!r}; expected one of {TASKS}")
-    token_axes = ["batch", "choices", "sequence"] if task == "multiple-choice" else ["batch", "sequence"]
-    inputs = [{"name": n, "dtype": "int64", "shape": list(token_axes)} for n in INPUT_NAMES]
-    labels_axis: Any = num_labels if num_labels is not None else "labels"
-    shapes = {
-        "classify": {"logits": ["batch", labels_axis]},
-        "ner": {"logits": ["batch", "sequence", labels_axis]},
-        "multiple-choice": {"logits": ["batch", "choices"]},
-        "qa": {"start_logits": ["batch", "sequence"], "end_logits": ["batch", "sequence"]},
-    }[task]
+    spec = TASK_SPECS[task]
+    inputs = [{"name": n, "dtype": "int64", "shape": list(spec.token_axes)} for n in INPUT_NAMES]
+    shapes = spec.output_shapes(num_labels)
     outputs = [{"name": n, "dtype": "float32", "shape": s} for n, s in shapes.items()]
     return inputs, outputs
 

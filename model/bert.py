@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from processing.tasks import TASKS
+
 from .config import BertConfig
 
 ACTIVATIONS = {
@@ -441,10 +443,8 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
         return HeadOutput(logits=logits, loss=loss)
 
 
+# Each served task's head is named by the task registry (processing.tasks); pretraining is ours only.
 TASK_HEADS: dict[str, type[BertPreTrainedModel]] = {
-    "classify": BertForSequenceClassification,
-    "ner": BertForTokenClassification,
-    "multiple-choice": BertForMultipleChoice,
-    "qa": BertForQuestionAnswering,
+    **{name: globals()[spec.head] for name, spec in TASKS.items()},
     "pretrain": BertForPreTraining,
 }

@@ -42,12 +42,6 @@ def parse_label_names(spec: str | None) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
-def train_args(train_argv: Sequence[str]) -> argparse.Namespace:
-    from .train import build_parser
-
-    return build_parser().parse_args([*train_argv, "--out", "unused"])
-
-
 def select_examples(
     train_argv: Sequence[str] = (),
     task: str | None = None,
@@ -58,9 +52,9 @@ def select_examples(
 ) -> tuple[str, list]:
     """(task, examples): the held-out slice of a training run's data, or every example of `data`."""
     if train_argv:
-        from .train import data_options
+        from .train import run_options
 
-        options = data_options(train_args(train_argv))
+        options = run_options(train_argv).data
         return options.task, split_examples(options)[1]
     if not (task and data):
         raise SystemExit("give --task and --data, or the training run's data options after --")
@@ -71,10 +65,10 @@ def select_examples(
 def feature_task(task_name: str, tokenizer, train_argv: Sequence[str], recorded: dict):
     """The task's feature builder: the training run's options, else what the model recorded."""
     from .features import TASKS, FeatureOptions
-    from .train import make_task
+    from .train import run_options
 
     if train_argv:
-        return make_task(train_args(train_argv), tokenizer)
+        return TASKS[task_name](tokenizer, run_options(train_argv).features)
     options = FeatureOptions(**{k: v for k, v in recorded.items() if v is not None})
     return TASKS[task_name](tokenizer, options)
 
@@ -107,8 +101,11 @@ def evaluate_checkpoint(
     from model.config import BertConfig
     from processing.tokenizer import TextTokenizer
 
-    if train_argv and train_args(train_argv).num_threads:
-        torch.set_num_threads(train_args(train_argv).num_threads)
+    from .train import run_options
+
+    threads = run_options(train_argv).num_threads if train_argv else 0
+    if threads:
+        torch.set_num_threads(threads)
     config = BertConfig.from_pretrained(checkpoint)
     keys = ("max_seq_len", "long_text", "window_overlap", "doc_stride", "max_query_len", "max_answer_len")
     recorded = {k: config.extra.get(k) for k in keys}

@@ -19,18 +19,13 @@ from processing import qa as pqa
 from processing.choice import encode_choices
 from processing.metrics import accuracy, entity_scores, f1_score, pearson, spearman, squad_scores
 from processing.padding import pad_batch, pad_choices
+from processing.tasks import TASKS as TASK_SPECS
 from processing.tokenizer import TextTokenizer, default_window_overlap
 
 from .examples import ChoiceExample, ClassifyExample, NERExample, QAExample
 
 IGNORE = -100
-DEFAULT_METRIC = {
-    "classify": "accuracy",
-    "ner": "f1",
-    "multiple-choice": "accuracy",
-    "qa": "f1",
-    "pretrain": "mlm_accuracy",
-}
+DEFAULT_METRIC = {**{name: spec.metric for name, spec in TASK_SPECS.items()}, "pretrain": "mlm_accuracy"}
 
 
 # What each task's evaluation reports (NER adds f1_<TYPE> per entity type); all add "loss".

@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from processing.tasks import TASK_NAMES
+
 from .examples import (
     ChoiceExample,
     ClassifyExample,
@@ -26,7 +28,7 @@ from .examples import (
 )
 from .race_spans import race_span_examples
 
-TASKS = ("classify", "ner", "multiple-choice", "qa")
+TASKS = TASK_NAMES
 FORMATS = {
     "classify": ("tsv", "csv", "jsonl", "book"),
     "ner": ("conll", "jsonl"),

@@ -28,7 +28,7 @@ from .schemas import (
     QAResponse,
     ReadyResponse,
 )
-from .services import Timings
+from .services import ChoiceService, ClassifyService, NERService, QAService, TaskService, Timings, service_of
 
 router = APIRouter()
 
@@ -58,13 +58,15 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def serve(request: Request, response: Response, task: str, body: Any) -> Any:
+async def serve(request: Request, response: Response, kind: type[TaskService], body: Any) -> Any:
+    """Run `body` on the service of type `kind` (its task's) of the model the request picks."""
     state = state_of(request)
+    task = kind.task
     # The version serving now answers the whole request, even if a new one is swapped in meanwhile.
     with state.registry.lease(task, body.model) as bundle:
         request.scope[MODEL_SCOPE_KEY] = bundle.name
         timings = Timings()
-        work = asyncio.ensure_future(bundle.service(body, timings))
+        work = asyncio.ensure_future(service_of(bundle, kind)(body, timings))
         watcher = asyncio.ensure_future(_wait_for_disconnect(request))
         try:
             await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -90,7 +92,7 @@ async def serve(request: Request, response: Response, task: str, body: Any) -> A
     summary="Classify a text, a text pair, or a batch",
 )
 async def classify(body: ClassifyRequest, request: Request, response: Response) -> Any:
-    return await serve(request, response, "classify", body)
+    return await serve(request, response, ClassifyService, body)
 
 
 @router.post(
@@ -101,7 +103,7 @@ async def classify(body: ClassifyRequest, request: Request, response: Response) 
     summary="Named entities with character offsets",
 )
 async def ner(body: NERRequest, request: Request, response: Response) -> Any:
-    return await serve(request, response, "ner", body)
+    return await serve(request, response, NERService, body)
 
 
 @router.post(
@@ -112,7 +114,7 @@ async def ner(body: NERRequest, request: Request, response: Response) -> Any:
     summary="Pick the best of several choices",
 )
 async def multiple_choice(body: ChoiceRequest, request: Request, response: Response) -> Any:
-    return await serve(request, response, "multiple-choice", body)
+    return await serve(request, response, ChoiceService, body)
 
 
 @router.post(
@@ -123,7 +125,7 @@ async def multiple_choice(body: ChoiceRequest, request: Request, response: Respo
     summary="Extractive question answering over a context of any length",
 )
 async def qa(body: QARequest, request: Request, response: Response) -> Any:
-    return await serve(request, response, "qa", body)
+    return await serve(request, response, QAService, body)
 
 
 @router.get("/health", response_model=HealthResponse, summary="Liveness: the process answers")

@@ -351,3 +351,14 @@ SERVICES: dict[str, type[TaskService]] = {
 def make_service(bundle: Bundle, settings: Settings) -> TaskService:
     assert bundle.task is not None
     return SERVICES[bundle.task](bundle, settings)
+
+
+S = TypeVar("S", bound=TaskService)
+
+
+def service_of(bundle: Bundle, kind: type[S]) -> S:
+    """The bundle's service as the route's type: a route for one task gets that task's service."""
+    service = bundle.service
+    if not isinstance(service, kind):  # the registry leases by task, so this is a bug if it happens
+        raise TypeError(f"model {bundle.name} serves {type(service).__name__}, not {kind.__name__}")
+    return service

@@ -64,3 +64,17 @@ def test_the_network_and_training_follow_the_registry() -> None:
         assert name in features.TASKS and name in readers.FORMATS
     assert readers.TASKS == TASK_NAMES
     assert set(TASK_HEADS) - set(TASK_NAMES) == {"pretrain"}  # training only, never served
+
+
+def test_a_route_gets_its_task_service_typed() -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    from app.services import ClassifyService, QAService, service_of
+
+    qa = QAService.__new__(QAService)  # no bundle needed to check the lookup
+    bundle = SimpleNamespace(name="squad", service=qa)
+    assert service_of(bundle, QAService) is qa
+    with pytest.raises(TypeError, match="squad serves QAService, not ClassifyService"):
+        service_of(bundle, ClassifyService)

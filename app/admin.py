@@ -8,12 +8,12 @@ sha256 in its bundle.json before onnxruntime reads it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Request
 
+from .errors import ADMIN_RESPONSES
 from .model_errors import AdminDisabled
-from .routes import ERRORS, check_bearer, model_info, state_of
+from .model_listing import model_info
+from .routes import check_bearer, state_of
 from .schemas import LoadResponse, PollResponse, UnloadResponse
 
 
@@ -25,45 +25,36 @@ async def require_admin_key(request: Request) -> None:
 
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin_key)])
-ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
-    **{code: ERRORS[code] for code in (401, 503)},
-    404: {**ERRORS[404], "description": "Admin API off (`admin_disabled`), or no such model (`no_model`)"},
-    409: {**ERRORS[422], "description": "The version would exceed MAX_MODELS_MEMORY_MB (`memory_limit`)"},
-    422: {
-        **ERRORS[422],
-        "description": "The version failed its checks (`version_rejected`); the one serving still serves",
-    },
-}
 
 
 @router.post(
     "/models/{name}/load",
     response_model=LoadResponse,
-    responses=ADMIN_ERRORS,
+    responses=ADMIN_RESPONSES,
     summary="Load a model's newest version from MODELS_DIR, or reload it when its files changed",
 )
 async def load(name: str, request: Request) -> LoadResponse:
     state = state_of(request)
     model, changed = await state.control.load(name)
-    return LoadResponse(changed=changed, model=model_info(state, model))
+    return LoadResponse(changed=changed, model=model_info(state.registry, model))
 
 
 @router.post(
     "/models/{name}/unload",
     response_model=UnloadResponse,
-    responses=ADMIN_ERRORS,
+    responses=ADMIN_RESPONSES,
     summary="Stop serving a model once the requests it is answering are done",
 )
 async def unload(name: str, request: Request) -> UnloadResponse:
     state = state_of(request)
     model, waited = await state.control.unload(name)
-    return UnloadResponse(waited_s=round(waited, 3), model=model_info(state, model))
+    return UnloadResponse(waited_s=round(waited, 3), model=model_info(state.registry, model))
 
 
 @router.post(
     "/poll",
     response_model=PollResponse,
-    responses=ADMIN_ERRORS,
+    responses=ADMIN_RESPONSES,
     summary="Apply MODELS_DIR's changes now, as MODEL_POLL_S does periodically",
 )
 async def poll(request: Request) -> PollResponse:

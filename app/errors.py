@@ -1,8 +1,13 @@
-"""One JSON error shape for every failure: {"error", "message", "fields", "request_id"}."""
+"""One JSON error shape for every failure: {"error", "message", "fields", "request_id"}.
+
+The one module that decides HTTP statuses: services, the registry, routes and middleware raise
+typed errors (app/request_errors.py, app/model_errors.py, the batcher's), and ERRORS maps them.
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,36 +28,107 @@ from .model_errors import (
     NoModel,
     VersionRejected,
 )
+from .request_errors import (
+    BodyTooLarge,
+    InternalError,
+    InvalidInput,
+    Overloaded,
+    RequestError,
+    TextTooLong,
+    TooManyChoices,
+    TooManyInputs,
+    Unauthorized,
+)
+from .schemas import ErrorResponse
 
 log = logging.getLogger("app.errors")
 
 RETRY_AFTER_S = 1
+CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; only ever seen in logs and metrics
+NOT_READY = 503  # /ready while a model loads or the server shuts down
 
-# Model selection and control (app/model_errors.py): status, error code, and whether a retry may help.
-MODEL_ERRORS: dict[type[ModelError], tuple[int, str, bool]] = {
-    NoModel: (404, "no_model", False),
-    AdminDisabled: (404, "admin_disabled", False),
-    InvalidModelName: (422, "invalid_request", False),
-    ModelRequired: (422, "model_required", False),
-    VersionRejected: (422, "version_rejected", False),
-    MemoryLimitExceeded: (409, "memory_limit", False),
-    ModelLoading: (503, "model_loading", True),
-    ModelUnavailable: (503, "model_unavailable", True),
+
+@dataclass(frozen=True)
+class Status:
+    status: int
+    code: str
+    retry: bool = False  # a Retry-After header: trying again later may succeed
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+# THE place where a failure gets its HTTP status: every typed error of the service, by class.
+# The most specific class listed wins (MemoryLimitExceeded is a VersionRejected).
+ERRORS: dict[type[Exception], Status] = {
+    # requests (app/request_errors.py)
+    TextTooLong: Status(413, "text_too_long"),
+    BodyTooLarge: Status(413, "payload_too_large"),
+    TooManyInputs: Status(422, "too_many_inputs"),
+    TooManyChoices: Status(422, "too_many_choices"),
+    InvalidInput: Status(422, "invalid_request"),
+    Unauthorized: Status(401, "unauthorized", headers=(("WWW-Authenticate", "Bearer"),)),
+    Overloaded: Status(429, "overloaded", retry=True),
+    InternalError: Status(500, "internal_error"),
+    # model selection and control (app/model_errors.py)
+    NoModel: Status(404, "no_model"),
+    AdminDisabled: Status(404, "admin_disabled"),
+    InvalidModelName: Status(422, "invalid_request"),
+    ModelRequired: Status(422, "model_required"),
+    VersionRejected: Status(422, "version_rejected"),
+    MemoryLimitExceeded: Status(409, "memory_limit"),
+    ModelLoading: Status(503, "model_loading", retry=True),
+    ModelUnavailable: Status(503, "model_unavailable", retry=True),
+    # the batcher (app/batcher.py)
+    QueueFull: Status(429, "overloaded", retry=True),
+    TooLarge: Status(413, "too_large"),
+    BatchFailed: Status(500, "inference_failed"),
+    BatcherClosed: Status(503, "shutting_down", retry=True),
 }
 
 
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        field: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.code, self.message, self.field = status, code, message, field
-        self.headers = headers or {}
+# What the OpenAPI page lists for the task routes and the admin routes.
+TASK_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text}
+    for code, text in {
+        400: "Body is not UTF-8 JSON",
+        401: "Missing or wrong API key",
+        404: "No model of that name, or none serves this task (`no_model`)",
+        413: "Body or text too large",
+        422: "Invalid request (the `fields` list names each problem); `model_required` when several "
+        "models serve the task and none is its default",
+        429: "Queue full; retry after Retry-After seconds",
+        503: "Model loading, failed, or shutting down",
+    }.items()
+}
+MODELS_RESPONSES: dict[int | str, dict[str, Any]] = {401: TASK_RESPONSES[401]}
+ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **{code: TASK_RESPONSES[code] for code in (401, 503)},
+    404: {
+        **TASK_RESPONSES[404],
+        "description": "Admin API off (`admin_disabled`), or no such model (`no_model`)",
+    },
+    409: {
+        **TASK_RESPONSES[422],
+        "description": "The version would exceed MAX_MODELS_MEMORY_MB (`memory_limit`)",
+    },
+    422: {
+        **TASK_RESPONSES[422],
+        "description": "The version failed its checks (`version_rejected`); the one serving still serves",
+    },
+}
+
+
+def status_of(exc: Exception) -> Status:
+    return ERRORS[next(k for k in type(exc).__mro__ if k in ERRORS)]
+
+
+def domain_error_response(exc: Exception, message: str, field: str | None = None) -> JSONResponse:
+    """The JSON error for a typed error of the table, with the message the client reads."""
+    status = status_of(exc)
+    headers = dict(status.headers)
+    if status.retry:
+        headers["Retry-After"] = str(RETRY_AFTER_S)
+    fields = [{"field": field, "message": message}] if field else None
+    return error_response(status.status, status.code, message, fields, headers or None)
 
 
 def error_body(code: str, message: str, fields: list[dict[str, str]] | None = None) -> dict[str, Any]:
@@ -105,20 +181,14 @@ def _body_error(message: str) -> tuple[str, list[dict[str, str]]]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        fields = [{"field": exc.field, "message": exc.message}] if exc.field else None
-        return error_response(exc.status, exc.code, exc.message, fields, exc.headers)
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+        return domain_error_response(exc, exc.message, exc.field)
 
     @app.exception_handler(ModelError)
     async def _model_error(request: Request, exc: ModelError) -> JSONResponse:
-        # The most specific class listed wins (MemoryLimitExceeded is a VersionRejected).
-        kind = next(k for k in type(exc).__mro__ if k in MODEL_ERRORS)
-        status, code, retry = MODEL_ERRORS[kind]
         field = "model" if isinstance(exc, (NoModel, ModelRequired, InvalidModelName)) else None
-        fields = [{"field": field, "message": exc.message}] if field else None
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if retry else None
-        return error_response(status, code, exc.message, fields, headers)
+        return domain_error_response(exc, exc.message, field)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -145,23 +215,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(QueueFull)
     async def _queue_full(request: Request, exc: QueueFull) -> JSONResponse:
-        return error_response(
-            429,
-            "overloaded",
-            f"server is busy: {exc}; retry after {RETRY_AFTER_S}s",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
+        return domain_error_response(exc, f"server is busy: {exc}; retry after {RETRY_AFTER_S}s")
 
     @app.exception_handler(TooLarge)
     async def _too_large(request: Request, exc: TooLarge) -> JSONResponse:
-        return error_response(413, "too_large", f"{exc}: shorten the input or raise MAX_QUEUE")
+        return domain_error_response(exc, f"{exc}: shorten the input or raise MAX_QUEUE")
 
     @app.exception_handler(BatchFailed)
     async def _batch_failed(request: Request, exc: BatchFailed) -> JSONResponse:
         # The batcher has logged the model's error with its traceback; the client gets no internals.
         message = f"inference failed for the batch holding this request (batch {exc.batch_id}); retry later"
-        return error_response(500, "inference_failed", message)
+        return domain_error_response(exc, message)
 
     @app.exception_handler(BatcherClosed)
     async def _closed(request: Request, exc: BatcherClosed) -> JSONResponse:
-        return error_response(503, "shutting_down", str(exc), headers={"Retry-After": str(RETRY_AFTER_S)})
+        return domain_error_response(exc, str(exc))

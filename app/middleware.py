@@ -9,13 +9,15 @@ from typing import Any
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import RETRY_AFTER_S, error_response
+from processing.tasks import TASK_PATHS
+
+from .errors import ERRORS, RETRY_AFTER_S, domain_error_response
 from .logs import new_request_id, request_id_var
 from .metrics import Metrics
+from .request_errors import BodyTooLarge, InternalError, Overloaded
 
 log = logging.getLogger("app.access")
 
-TASK_PATHS = {"/classify": "classify", "/ner": "ner", "/multiple-choice": "multiple-choice", "/qa": "qa"}
 KNOWN_PATHS = set(TASK_PATHS) | {
     "/health",
     "/ready",
@@ -78,7 +80,7 @@ class AdmissionMiddleware:
                 f"server is busy: {self.active[task]} {task} requests in flight (MAX_IN_FLIGHT); "
                 f"retry after {RETRY_AFTER_S}s"
             )
-            response = error_response(429, "overloaded", message, headers={"Retry-After": str(RETRY_AFTER_S)})
+            response = domain_error_response(Overloaded(message), message)
             await response(scope, receive, send)
             return
         self.active[task] += 1
@@ -99,7 +101,7 @@ class RequestContextMiddleware:
         request_id = new_request_id(Headers(scope=scope).get("x-request-id"))
         token = request_id_var.set(request_id)
         endpoint = endpoint_label(scope["path"])
-        state: dict[str, Any] = {"status": 500, "started": False}
+        state: dict[str, Any] = {"status": ERRORS[InternalError].status, "started": False}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -114,11 +116,10 @@ class RequestContextMiddleware:
         except Exception:
             # Last line of defence: log the traceback, answer a bare 500 without it.
             log.exception("unhandled error", extra={"path": scope["path"]})
-            state["status"] = 500
+            message = f"internal server error (request id {request_id})"
+            response = domain_error_response(InternalError(message), message)
+            state["status"] = response.status_code
             if not state["started"]:
-                response = error_response(
-                    500, "internal_error", f"internal server error (request id {request_id})"
-                )
                 await response(scope, receive, send_with_id)
         finally:
             elapsed = time.perf_counter() - started
@@ -151,7 +152,7 @@ class BodyLimitMiddleware:
         task = TASK_PATHS.get(scope["path"], "none")
         self.metrics.rejected.labels(task=task, reason="payload_too_large", model="").inc()
         message = f"request body is {size} bytes; the limit is {self.max_bytes} (MAX_BODY_BYTES)"
-        response = error_response(413, "payload_too_large", message, [{"field": "body", "message": message}])
+        response = domain_error_response(BodyTooLarge(message, "body"), message, "body")
         await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

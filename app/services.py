@@ -25,8 +25,8 @@ from processing.tokenizer import Encoding, default_window_overlap
 from processing.words import LEGACY_WORD_SPLIT
 
 from .batcher import ItemResult, WorkItem
-from .errors import ApiError
 from .metrics import Metrics
+from .request_errors import InvalidInput, TextTooLong, TooManyChoices, TooManyInputs
 from .schemas import (
     AnswerOut,
     ChoiceRequest,
@@ -98,12 +98,7 @@ async def cpu_step(chars: int, fn: Callable[..., T], *args: Any, **kwargs: Any) 
 
 def check_chars(value: str, limit: int, field: str, setting: str) -> None:
     if len(value) > limit:
-        raise ApiError(
-            413,
-            "text_too_long",
-            f"{field} has {len(value)} characters; the limit is {limit} ({setting})",
-            field,
-        )
+        raise TextTooLong(f"{field} has {len(value)} characters; the limit is {limit} ({setting})", field)
 
 
 class TaskService:
@@ -160,9 +155,7 @@ class ClassifyService(TaskService):
     def _validate(self, request: ClassifyRequest) -> list[tuple[str, str | None]]:
         if request.inputs is not None:
             if len(request.inputs) > self.settings.max_batch_items:
-                raise ApiError(
-                    422,
-                    "too_many_inputs",
+                raise TooManyInputs(
                     f"inputs has {len(request.inputs)} items; the limit is {self.settings.max_batch_items} "
                     "(MAX_BATCH_ITEMS)",
                     "inputs",
@@ -178,9 +171,7 @@ class ClassifyService(TaskService):
                 check_chars(pair, self.settings.max_text_chars, f"{prefix}text_pair", "MAX_TEXT_CHARS")
         n_labels = 1 if self.regression else len(self.labels)
         if request.top_k is not None and request.top_k > n_labels:
-            raise ApiError(
-                422, "invalid_request", f"top_k must be between 1 and {n_labels} (the labels)", "top_k"
-            )
+            raise InvalidInput(f"top_k must be between 1 and {n_labels} (the labels)", "top_k")
         return pairs
 
     def _encode(self, pairs: list[tuple[str, str | None]]) -> list[tuple[list[Encoding], bool]]:
@@ -267,9 +258,7 @@ class ChoiceService(TaskService):
     async def __call__(self, request: ChoiceRequest, timings: Timings) -> ChoiceResponse:
         limit = self.settings.max_choices
         if len(request.choices) > limit:
-            raise ApiError(
-                422,
-                "too_many_choices",
+            raise TooManyChoices(
                 f"choices has {len(request.choices)} items; the limit is {limit} (MAX_CHOICES)",
                 "choices",
             )
@@ -331,7 +320,7 @@ class QAService(TaskService):
                     self.max_query_len,
                 )
             except ValueError as e:  # the stride does not fit this question's window
-                raise ApiError(422, "invalid_request", str(e), "doc_stride") from None
+                raise InvalidInput(str(e), "doc_stride") from None
         results = await self.infer(sequence_items([w.encoding for w in qa_input.windows]), timings)
         with timings.measure("postprocess"):
             answers = await cpu_step(
@@ -362,3 +351,14 @@ SERVICES: dict[str, type[TaskService]] = {
 def make_service(bundle: Bundle, settings: Settings) -> TaskService:
     assert bundle.task is not None
     return SERVICES[bundle.task](bundle, settings)
+
+
+S = TypeVar("S", bound=TaskService)
+
+
+def service_of(bundle: Bundle, kind: type[S]) -> S:
+    """The bundle's service as the route's type: a route for one task gets that task's service."""
+    service = bundle.service
+    if not isinstance(service, kind):  # the registry leases by task, so this is a bug if it happens
+        raise TypeError(f"model {bundle.name} serves {type(service).__name__}, not {kind.__name__}")
+    return service

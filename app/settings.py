@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-TASK_NAMES = ("classify", "ner", "multiple-choice", "qa")
+from processing.tasks import TASK_NAMES
 
 
 class Settings(BaseSettings):

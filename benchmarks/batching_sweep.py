@@ -1,7 +1,7 @@
 """Which batching and session settings serve most: our real server under the same load per setting.
 
-    .venv/bin/python benchmarks/batching_sweep.py                 # defaults: /classify, c=1 and 32
-    .venv/bin/python benchmarks/batching_sweep.py --duration 5 --settings "pf1.1=MAX_PADDING_FACTOR=1.1"
+    .venv/bin/python -m benchmarks.batching_sweep                 # defaults: /classify, c=1 and 32
+    .venv/bin/python -m benchmarks.batching_sweep --duration 5 --settings "pf1.1=MAX_PADDING_FACTOR=1.1"
 
 Each setting starts `uvicorn app.main:app` on the SST-2 bundle alone with a few environment
 overrides, warms up, then runs the closed-loop load generator at each concurrency. Besides
@@ -20,11 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the repository packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks import bench_common as common  # noqa: E402
-from benchmarks import loadgen  # noqa: E402
+from benchmarks import bench_common as common
+from benchmarks import loadgen
 
 DEFAULT_SETTINGS = {
     "default": "",
@@ -183,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "created_at": common.now(),
         "machine": common.machine_info(),
         "settings": {
-            "command": "python benchmarks/batching_sweep.py "
+            "command": "python -m benchmarks.batching_sweep "
             + " ".join(argv if argv is not None else sys.argv[1:]),
             "bundle": str(args.bundle),
             "endpoint": args.endpoint,

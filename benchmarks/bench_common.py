@@ -12,7 +12,6 @@ import math
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script: make the repository packages importable
-    sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = ROOT / ".cache" / "bench"
@@ -51,15 +48,46 @@ def default_checkpoint(task: str) -> Path:
 
 
 def machine_info(threads: int | None = None) -> dict[str, Any]:
-    """CPU model, cores, memory, OS and package versions (export_latency's description, reused)."""
-    import os
-
-    from benchmarks.export_latency import machine_info as describe
-
-    info = describe(threads or os.cpu_count() or 1)
+    """CPU model, cores, memory, OS and the versions of the packages the benchmarks measure."""
+    import platform
     from importlib import metadata
 
-    for package in ("fastapi", "uvicorn", "tokenizers", "psutil"):
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "cpu": cpu,
+        "logical_cores": os.cpu_count(),
+        "threads_used": threads or os.cpu_count() or 1,
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {},
+    }
+    try:
+        import psutil
+
+        info["physical_cores"] = psutil.cpu_count(logical=False)
+        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    packages = (
+        "torch",
+        "onnxruntime",
+        "onnx",
+        "transformers",
+        "numpy",
+        "fastapi",
+        "uvicorn",
+        "tokenizers",
+        "psutil",
+    )
+    for package in packages:
         try:
             info["versions"][package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -183,14 +211,23 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def repo_relative(text: str) -> str:
+    """Results hold commands others can run: `python`, paths relative to the repository."""
+    import sys
+
+    text = text.replace(sys.executable, "python")
+    text = text.replace(f"{ROOT}/", "").replace(str(ROOT), ".")
+    return text.replace(f"{ROOT.parent / 'shared'}/", "../shared/")
+
+
 def write_results(
     out_dir: Path, stem: str, report: dict[str, Any], markdown: str, plot: Callable[[Path], None] | None
 ) -> list[Path]:
     """stem.json, stem.md and (when `plot` is given) stem.png in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
-    paths[0].write_text(json.dumps(report, indent=2, default=float) + "\n", encoding="utf-8")
-    paths[1].write_text(markdown.rstrip() + "\n", encoding="utf-8")
+    paths[0].write_text(repo_relative(json.dumps(report, indent=2, default=float)) + "\n", encoding="utf-8")
+    paths[1].write_text(repo_relative(markdown.rstrip()) + "\n", encoding="utf-8")
     if plot is not None:
         paths.append(out_dir / f"{stem}.png")
         plot(paths[-1])

@@ -1,7 +1,7 @@
 """CPU latency of one classify model across runtimes, in one run on this machine.
 
-    .venv/bin/python benchmarks/export_latency.py            # full: MiniLM + BERT-base, ~15-20 min on 2 cores
-    .venv/bin/python benchmarks/export_latency.py --quick    # smoke run, ~2-3 min
+    .venv/bin/python -m benchmarks.export_latency            # full: MiniLM + BERT-base, ~15-20 min on 2 cores
+    .venv/bin/python -m benchmarks.export_latency --quick    # smoke run, ~2-3 min
 
 Models: MiniLM-L6 (real encoder weights, random classify head) and a BERT-base-sized
 encoder with random weights (768 hidden, 12 layers, 12 heads). Engines: our PyTorch
@@ -16,58 +16,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.bench_common import machine_info, repo_relative
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "benchmarks" / "results"
 SHAPES = [(1, 128), (1, 384), (32, 128)]
 QUICK_SHAPES = [(1, 128), (1, 384), (4, 128)]
 ENGINES = ("ours-torch", "hf-torch-sdpa", "hf-torch-eager", "ort-fp32", "ort-fused", "ort-int8")
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def machine_info(threads: int) -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {
-        "cpu": cpu,
-        "logical_cores": os.cpu_count(),
-        "threads_used": threads,
-        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {},
-    }
-    try:
-        import psutil
-
-        info["physical_cores"] = psutil.cpu_count(logical=False)
-        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
-    except ImportError:
-        pass
-    for package in ("torch", "onnxruntime", "onnx", "transformers", "numpy"):
-        try:
-            info["versions"][package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            info["versions"][package] = "not installed"
-    return info
 
 
 def build_checkpoints(work: Path, quick: bool) -> dict[str, Path]:
@@ -366,8 +332,8 @@ def main(argv=None) -> int:
         report["results"] += rows
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "export_latency_quick" if args.quick else "export_latency"
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(report) + "\n")
+    (args.out / f"{stem}.json").write_text(repo_relative(json.dumps(report, indent=2)) + "\n")
+    (args.out / f"{stem}.md").write_text(repo_relative(markdown(report)) + "\n")
     plot(report, args.out / f"{stem}.png")
     print(f"wrote {args.out / stem}.json / .md / .png")
     return 0

@@ -1,8 +1,8 @@
 """Faults injected into the running deployment under load: kill -9 of a replica, a rolling restart,
 and Prometheus' view of it all.
 
-    .venv/bin/python benchmarks/faults.py                          # default bundles, 3 replicas, 32 clients
-    .venv/bin/python benchmarks/faults.py --tiny --quick --name faults_smoke   # test-size models, short
+    .venv/bin/python -m benchmarks.faults                          # default bundles, 3 replicas, 32 clients
+    .venv/bin/python -m benchmarks.faults --tiny --quick --name faults_smoke   # test-size models, short
 
 Brings up the compose topology locally (deploy/local/stack.py: 3 replicas on MODELS_DIR, nginx with
 deploy/nginx/nginx.conf, Prometheus with deploy/prometheus/prometheus.yml), then, with 32 closed-loop
@@ -35,11 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script: make the repository packages importable
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.bench_common import (  # noqa: E402
+from benchmarks.bench_common import (
     RESULTS,
     free_port,
     machine_info,
@@ -48,8 +44,10 @@ from benchmarks.bench_common import (  # noqa: E402
     pyplot,
     write_results,
 )
-from benchmarks.loadgen import LoadConfig, Sample, percentiles, run_load  # noqa: E402
-from deploy.local.stack import NGINX_CONF, LocalStack, StackConfig  # noqa: E402
+from benchmarks.loadgen import LoadConfig, Sample, percentiles, run_load
+from deploy.local.stack import NGINX_CONF, LocalStack, StackConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 INFERENCE = '{endpoint=~"/classify|/ner|/multiple-choice|/qa"}'
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "bert-serving.json"
@@ -454,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout
             )
         results = run_stack(models_dir, Path(run_dir) / "stack", args.clients, timing, nginx_conf, **env)
-    command = " ".join(["python benchmarks/faults.py", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m benchmarks.faults", *(argv if argv is not None else sys.argv[1:])])
     report = {
         "command": command.strip(),
         "date": now(),

@@ -1,12 +1,12 @@
 """Fine-tune MiniLM on each real dataset, then store the compact defaults and measure their cost.
 
-    python benchmarks/finetune.py                      # train all four, compress, evaluate
-    python benchmarks/finetune.py --tasks sst2 --skip-train   # reuse runs/sst2
+    python -m benchmarks.finetune                      # train all four, compress, evaluate
+    python -m benchmarks.finetune --tasks sst2 --skip-train   # reuse runs/sst2
 
-For every task: train with the recipe below (`python -m model.train`, CPU, bf16 autocast,
+For every task: train with the recipe below (`python -m train`, CPU, bf16 autocast,
 frozen embeddings), compress the best checkpoint into `defaults/<name>` (model.compact),
 rebuild it from the MiniLM package, and evaluate both on the same held-out validation
-data (`python -m model.evaluate`). Results: benchmarks/results/finetune.{json,md}.
+data (`python -m train.evaluate`). Results: benchmarks/results/finetune.{json,md}.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 BASE = "minilm"
 COMMON = [
@@ -152,7 +151,7 @@ def run(cmd: list[str], log_path: Path | None = None) -> float:
 
 
 def evaluate(checkpoint: Path, data_args: list[str], threads: int) -> dict:
-    from model.evaluate import evaluate_checkpoint, select_examples
+    from train.evaluate import evaluate_checkpoint, select_examples
 
     task, examples = select_examples(data_args)
     return evaluate_checkpoint(checkpoint, task, examples, [*data_args, "--num-threads", str(threads)])
@@ -174,7 +173,7 @@ def train_commands(name: str, recipe: dict, threads: int) -> list[tuple[Path, li
     commands, base = [], BASE
     for out_name, args in steps:
         out = Path("runs") / out_name  # relative: commands run in REPO and are recorded
-        cmd = [sys.executable, "-m", "model.train", *args, "--base", str(base), *COMMON]
+        cmd = [sys.executable, "-m", "train", *args, "--base", str(base), *COMMON]
         commands.append((out, [*cmd, "--num-threads", str(threads), "--out", str(out)]))
         base = out
     return commands

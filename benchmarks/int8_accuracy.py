@@ -3,7 +3,7 @@
     python benchmarks/int8_accuracy.py [--bundles .cache/bundles] [--variants fused,int8]
 
 The validation data, features and metrics are exactly those of `benchmarks/finetune.py`
-(model.train's data preparation and model.features' metrics); only the forward pass is
+(train.train's data preparation and train.features' metrics); only the forward pass is
 ONNX Runtime on the bundle's variant instead of PyTorch. Results go to
 benchmarks/results/int8_accuracy.{json,md}; `python -m export.defaults` copies each bundle's
 line into its manifest (quantization.task_data).
@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from finetune import recipes  # noqa: E402
 
-from model.evaluate import evaluate_bundle, select_examples  # noqa: E402
+from train.evaluate import evaluate_bundle, select_examples  # noqa: E402
 
 
 def evaluate_variant(bundle: Path, variant: str, recipe: dict, threads: int) -> dict:

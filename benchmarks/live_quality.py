@@ -5,7 +5,7 @@
 Starts `uvicorn app.main:app` on the default bundles with the service's default settings (what
 `make serve` runs: the int8 variant on a CPU), sends every held-out example of each default's
 validation data (the recipe's own slice, `benchmarks/finetune.py`) as one request, and scores
-the answers with `python -m model.evaluate --url`'s code. Beside it, the same bundle variant is
+the answers with `python -m train.evaluate --url`'s code. Beside it, the same bundle variant is
 scored offline (ONNX Runtime in the trainer's evaluation loop, batched). Results:
 benchmarks/results/live_quality.{json,md}.
 """
@@ -24,12 +24,11 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.finetune import recipes
+from train.evaluate import evaluate_bundle, select_examples
+from train.live_eval import evaluate_live
 
-from benchmarks.finetune import recipes  # noqa: E402
-from model.evaluate import evaluate_bundle, select_examples  # noqa: E402
-from model.live_eval import evaluate_live  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 COMMAND = "python -m benchmarks.live_quality"
 
@@ -150,7 +149,7 @@ def write_results(results: dict, path: Path) -> str:
     table = "\n".join(lines)
     path.with_suffix(".md").write_text(
         f"Measured by `{COMMAND}`: one HTTP request per example to the live service on the default "
-        "bundles with default settings, scored by `python -m model.evaluate --url`.\n\n" + table + "\n"
+        "bundles with default settings, scored by `python -m train.evaluate --url`.\n\n" + table + "\n"
     )
     return table
 

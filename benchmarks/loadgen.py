@@ -7,8 +7,8 @@ counted, as k6's constant-arrival-rate executor does.
 Closed loop (`--concurrency N`, no `--rate`): N workers each send the next request as soon as
 the previous one returns; the benchmarks run it at concurrency 1/8/32/64.
 
-    python benchmarks/loadgen.py --rate 50 --duration 30 --out results/load.json
-    python benchmarks/loadgen.py --concurrency 8 --max-requests 2000 --endpoints classify=3,qa=1
+    python -m benchmarks.loadgen --rate 50 --duration 30 --out results/load.json
+    python -m benchmarks.loadgen --concurrency 8 --max-requests 2000 --endpoints classify=3,qa=1
 
 Only loopback targets are allowed unless --allow-remote is given. httpx is imported lazily so the
 payload and schema helpers can be reused (e.g. by the locustfile) without it.
@@ -30,11 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks import rawhttp  # noqa: E402
-from benchmarks.loadgen_payloads import ENDPOINTS, make_payload, validate_response  # noqa: E402
+from benchmarks import rawhttp
+from benchmarks.loadgen_payloads import ENDPOINTS, make_payload, validate_response
 
 if TYPE_CHECKING:
     import httpx

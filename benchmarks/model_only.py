@@ -9,7 +9,6 @@ The session is made with app.runtime.create_runtime, so it has the server's sess
 from __future__ import annotations
 
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -17,9 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-if __package__ in (None, ""):  # run as a script: make the repository packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.runtime import CPU_BATCH_TOKENS, create_runtime
 from app.settings import available_cores

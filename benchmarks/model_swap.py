@@ -1,8 +1,8 @@
 """Live version swaps under load: a model's version is replaced three times (and a corrupted version
 is offered once) while 32 clients keep sending requests to it.
 
-    .venv/bin/python benchmarks/model_swap.py                  # sst2-minilm, 32 clients, 60 s
-    .venv/bin/python benchmarks/model_swap.py --quick          # the tests' tiny bundle, 8 clients, 8 s
+    .venv/bin/python -m benchmarks.model_swap                  # sst2-minilm, 32 clients, 60 s
+    .venv/bin/python -m benchmarks.model_swap --quick          # the tests' tiny bundle, 8 clients, 8 s
 
 Builds MODELS_DIR with `sst2/1` from --bundle, starts `uvicorn app.main:app` with an
 ADMIN_API_KEY, and runs --clients closed-loop clients against `/classify` with `"model": "sst2"`.
@@ -32,11 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.bench_common import (  # noqa: E402
+from benchmarks.bench_common import (
     RESULTS,
     WORK,
     default_bundle,
@@ -50,7 +46,9 @@ from benchmarks.bench_common import (  # noqa: E402
     tree_rss_mb,
     write_results,
 )
-from benchmarks.rawhttp import ConnectionPool, HTTPError, encode_request, post_json  # noqa: E402
+from benchmarks.rawhttp import ConnectionPool, HTTPError, encode_request, post_json
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = "sst2"
 TEXTS = [
@@ -381,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     with server(command, env, args.work / "server.log", f"http://127.0.0.1:{port}", 120) as pid:
         run = asyncio.run(drive(args, port, key, models_dir, pid))
     verdict = judge(run["samples"], run["served_versions"], run["events"])
-    command_line = "python benchmarks/model_swap.py" + " ".join(
+    command_line = "python -m benchmarks.model_swap" + " ".join(
         [""] + [a for a in (argv if argv is not None else sys.argv[1:])]
     )
     report = {

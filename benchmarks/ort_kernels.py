@@ -1,6 +1,6 @@
 """Why the int8 variant keeps residual Add + LayerNormalization unfused: a measurement.
 
-    .venv/bin/python benchmarks/ort_kernels.py            # kernels, then the real int8 bundle
+    .venv/bin/python -m benchmarks.ort_kernels            # kernels, then the real int8 bundle
 
 Part 1 times onnxruntime's SkipLayerNormalization against Add + LayerNormalization on the
 hidden-state shapes BERT feeds them. Part 2 loads the int8 MiniLM bundle twice, once as the
@@ -21,12 +21,9 @@ from typing import Any
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repository packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from app.settings import available_cores  # noqa: E402
-from benchmarks import bench_common as common  # noqa: E402
-from export.verify import make_session  # noqa: E402
+from app.settings import available_cores
+from benchmarks import bench_common as common
+from export.verify import make_session
 
 SHAPES = ((1, 128, 384), (8, 40, 384), (1, 384, 384), (1, 128, 768))
 
@@ -161,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     common.require_bundle(args.bundle, "classify")
     report = {
         "created_at": common.now(),
-        "command": "python benchmarks/ort_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.ort_kernels " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": common.machine_info(threads),
         "threads": threads,
         "bundle": str(args.bundle),

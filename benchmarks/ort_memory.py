@@ -1,8 +1,8 @@
 """ONNX Runtime CPU memory under variable sequence lengths, for each session memory setting.
 
-    .venv/bin/python benchmarks/ort_memory.py                 # MiniLM-L6 int8, ~2-3 min on 2 cores
-    .venv/bin/python benchmarks/ort_memory.py --runs 20       # shorter
-    .venv/bin/python benchmarks/ort_memory.py --bundle DIR    # any bundle made by export/
+    .venv/bin/python -m benchmarks.ort_memory                 # MiniLM-L6 int8, ~2-3 min on 2 cores
+    .venv/bin/python -m benchmarks.ort_memory --runs 20       # shorter
+    .venv/bin/python -m benchmarks.ort_memory --bundle DIR    # any bundle made by export/
 
 A served model sees a new (batch, sequence length) shape almost every batch. Each setting runs
 in a fresh process over the same random shapes (batch 1-16, length 8-256, fixed seed), through
@@ -23,8 +23,9 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks.bench_common import repo_relative
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = ROOT / ".cache" / "ort-memory"
@@ -131,7 +132,7 @@ def worker(model: Path, config: str, runs: int, seed: int, threads: int) -> dict
 
 def run_config(model: Path, config: str, args: argparse.Namespace) -> dict:
     command = [
-        sys.executable, __file__, "--worker", config, "--model", str(model),
+        sys.executable, "-m", "benchmarks.ort_memory", "--worker", config, "--model", str(model),
         "--runs", str(args.runs), "--seed", str(args.seed), "--threads", str(args.threads),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -142,7 +143,9 @@ def run_config(model: Path, config: str, args: argparse.Namespace) -> dict:
 
 def write_report(report: dict, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "ort_memory.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "ort_memory.json").write_text(
+        repo_relative(json.dumps(report, indent=2)) + "\n", encoding="utf-8"
+    )
     lines = [
         "# ONNX Runtime memory under variable sequence lengths",
         "",
@@ -169,7 +172,7 @@ def write_report(report: dict, out_dir: Path) -> None:
             f"{r['median_run_ms']} ms |"
         )
     lines += ["", report["conclusion"], ""]
-    (out_dir / "ort_memory.md").write_text("\n".join(lines), encoding="utf-8")
+    (out_dir / "ort_memory.md").write_text(repo_relative("\n".join(lines)), encoding="utf-8")
     try:
         import matplotlib
 
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(worker(args.model, args.worker, args.runs, args.seed, args.threads)))
         return 0
-    from benchmarks.export_latency import machine_info
+    from benchmarks.bench_common import machine_info
     from export.bundle import load_bundle_manifest
 
     started = time.perf_counter()

@@ -1,6 +1,6 @@
 """The baseline a user would write instead of our service: FastAPI over `transformers`.
 
-    python benchmarks/pipeline_server.py --classify runs/sst2/best --qa runs/squad/best --port 8001
+    python -m benchmarks.pipeline_server --classify runs/sst2/best --qa runs/squad/best --port 8001
 
 One process, plain sync `def` endpoints (FastAPI runs them in its thread pool), default
 settings, no batching across requests: the usual "wrap the pipeline in FastAPI" server.
@@ -30,9 +30,6 @@ from typing import Any, Literal
 import numpy as np
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
-
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 class PairIn(BaseModel):

@@ -21,7 +21,7 @@ def select_articles(examples: list, spec: str) -> tuple[list, str]:
         chosen = titles
     elif kind == "trainer":
         fraction, _, seed = rest.partition(":")
-        from model.splits import split_by_group
+        from train.splits import split_by_group
 
         held = split_by_group(examples, float(fraction or 0.15), int(seed or 42))[1]
         chosen = list(dict.fromkeys(e.group for e in held))

@@ -1,8 +1,8 @@
 """Our QA (processing.qa over ORT) vs the `transformers` QA baseline on the same model.
 
-    .venv/bin/python benchmarks/qa_vs_pipeline.py            # held-out SQuAD articles, 1k/10k/50k contexts
-    .venv/bin/python benchmarks/qa_vs_pipeline.py --quick    # smoke run (30 questions, 1 latency question)
-    .venv/bin/python benchmarks/qa_vs_pipeline.py --quick --dev-models   # before the defaults exist
+    .venv/bin/python -m benchmarks.qa_vs_pipeline            # held-out SQuAD articles, 1k/10k/50k contexts
+    .venv/bin/python -m benchmarks.qa_vs_pipeline --quick    # smoke run (30 questions, 1 latency question)
+    .venv/bin/python -m benchmarks.qa_vs_pipeline --quick --dev-models   # before the defaults exist
 
 1. Answers: every question of the selected SQuAD articles goes through both; we report how often
    they agree (same character span, same normalised text, token F1 between the two) and the EM/F1 of
@@ -12,7 +12,7 @@
    a line (latency = a + b * chars) and a log-log exponent are fitted: 1 means linear growth.
 
 Articles (`--articles`): the default `trainer:0.15:42` is exactly the validation split that
-`python -m model.train --validation-fraction 0.15` (seed 42) held out of this file, i.e. articles
+`python -m train --validation-fraction 0.15` (seed 42) held out of this file, i.e. articles
 the QA default never trained on. The last 15% of the file by order (`last:0.15`) would mostly be
 training articles under that split, so it is available but not the default. Also accepted: a
 comma list of article indices or titles, or `all`.
@@ -33,12 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the repository packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks import bench_common as common  # noqa: E402
-from benchmarks.qa_data import agreement, build_long_context, select_articles  # noqa: E402
-from processing.metrics import normalize_answer, squad_scores  # noqa: E402
+from benchmarks import bench_common as common
+from benchmarks.qa_data import agreement, build_long_context, select_articles
+from processing.metrics import normalize_answer, squad_scores
 
 DATA = common.ROOT.parent / "shared" / "data" / "squad" / "squad-v1.1-dev-part-b.json"
 SIZES = (1_000, 10_000, 50_000)
@@ -311,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data.is_file():
         print(f"skipping qa_vs_pipeline: SQuAD data not found at {args.data} (expected ../shared/data)")
         return 0
-    from model.readers import read_squad
+    from train.readers import read_squad
 
     if args.dev_models:
         checkpoint_dir, bundle = common.build_dev_models(["qa"], args.work_dir)["qa"]
@@ -343,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         "created_at": common.now(),
         "machine": common.machine_info(args.threads or None),
         "settings": {
-            "command": "python benchmarks/qa_vs_pipeline.py "
+            "command": "python -m benchmarks.qa_vs_pipeline "
             + " ".join(argv if argv is not None else sys.argv[1:]),
             "quick": args.quick,
             "data": str(args.data),

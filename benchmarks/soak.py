@@ -1,7 +1,7 @@
 """Soak test: the real server at half its saturating rate for a long time, watching memory and errors.
 
-    .venv/bin/python benchmarks/soak.py --models-dir models                  # 30 minutes
-    .venv/bin/python benchmarks/soak.py --tiny --duration 60 --name soak_smoke  # 1-minute smoke run
+    .venv/bin/python -m benchmarks.soak --models-dir models                  # 30 minutes
+    .venv/bin/python -m benchmarks.soak --tiny --duration 60 --name soak_smoke  # 1-minute smoke run
 
 Starts `uvicorn app.main:app` on loopback with MODELS_DIR (other settings from the environment or
 --server-env), finds the saturating rate with a short closed-loop run of benchmarks/loadgen.py's
@@ -29,10 +29,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.bench_common import repo_relative
+from benchmarks.loadgen import LoadConfig, parse_mix, run_load, wait_ready
 
-from benchmarks.loadgen import LoadConfig, parse_mix, run_load, wait_ready  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 TINY_MODELS = ROOT / ".cache" / "soak" / "tiny-models"
@@ -163,7 +163,9 @@ async def soak(config: LoadConfig, pid: int, every_s: float) -> tuple[dict[str, 
 
 def write_report(report: dict[str, Any], out_dir: Path, name: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (out_dir / f"{name}.json").write_text(
+        repo_relative(json.dumps(report, indent=2)) + "\n", encoding="utf-8"
+    )
     load, rss, lat = report["load"], report["rss"], report["load"]["latency_ms"]
     verdict = "PASS" if report["passed"] else "FAIL"
     lines = [
@@ -199,7 +201,7 @@ def write_report(report: dict[str, Any], out_dir: Path, name: str) -> None:
         lines.append(
             f"| {s['t_s']} | {s['rss_mb']} | {s['cpu_percent']} | {s['threads']} | {s['open_files']} |"
         )
-    (out_dir / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out_dir / f"{name}.md").write_text(repo_relative("\n".join(lines)) + "\n", encoding="utf-8")
     try:
         import matplotlib
 

@@ -7,21 +7,23 @@ and `bundle.json` describing the task, labels, I/O names, hashes and the export 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from processing.files import sha256_file
+from processing.tasks import TASK_NAMES
+from processing.tasks import TASKS as TASK_SPECS
+
 FORMAT_VERSION = 1
 MANIFEST_NAME = "bundle.json"
-TASKS = ("classify", "ner", "multiple-choice", "qa")
+TASKS = TASK_NAMES
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 PRECISIONS = ("fp32", "fp16", "int8")
 DEVICES = ("cpu", "cuda", "any")
 DEFAULT_QA = {"doc_stride": 128, "max_query_len": 64, "max_answer_len": 30}
-_CHUNK = 1 << 20
 
 
 class BundleError(ValueError):
@@ -32,15 +34,9 @@ def task_io(task: str, num_labels: int | None = None) -> tuple[list[dict], list[
     """Input and output tensor specs (name, dtype, symbolic shape) for a task's graph."""
     if task not in TASKS:
         raise BundleError(f"unknown task {task!r}; expected one of {TASKS}")
-    token_axes = ["batch", "choices", "sequence"] if task == "multiple-choice" else ["batch", "sequence"]
-    inputs = [{"name": n, "dtype": "int64", "shape": list(token_axes)} for n in INPUT_NAMES]
-    labels_axis: Any = num_labels if num_labels is not None else "labels"
-    shapes = {
-        "classify": {"logits": ["batch", labels_axis]},
-        "ner": {"logits": ["batch", "sequence", labels_axis]},
-        "multiple-choice": {"logits": ["batch", "choices"]},
-        "qa": {"start_logits": ["batch", "sequence"], "end_logits": ["batch", "sequence"]},
-    }[task]
+    spec = TASK_SPECS[task]
+    inputs = [{"name": n, "dtype": "int64", "shape": list(spec.token_axes)} for n in INPUT_NAMES]
+    shapes = spec.output_shapes(num_labels)
     outputs = [{"name": n, "dtype": "float32", "shape": s} for n, s in shapes.items()]
     return inputs, outputs
 
@@ -106,14 +102,6 @@ class BundleManifest:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def file_info(path: Path) -> FileInfo:

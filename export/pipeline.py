@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from model.checkpoint import CheckpointError, resolve_checkpoint
+from processing.qa import window_capacity
 from processing.words import WORD_SPLITS
 
 from . import optimize, quantize
@@ -108,7 +109,7 @@ def _labels(config, task: str) -> tuple[list[str] | None, str | None]:
 
 
 def _preprocessing(config, task: str) -> dict[str, Any]:
-    """Training-time rules serving must repeat (processing.words), as recorded by model.train."""
+    """Training-time rules serving must repeat (processing.words), as recorded by train.train."""
     recorded = {k: config.extra[k] for k in ("word_split", "window_overlap") if k in config.extra}
     if task == "ner" and recorded.get("word_split", WORD_SPLITS[0]) not in WORD_SPLITS:
         raise ExportError(f"config word_split {recorded['word_split']!r} is not one of {WORD_SPLITS}")
@@ -124,7 +125,7 @@ def _qa_defaults(overrides: dict[str, int] | None, max_seq_len: int) -> dict[str
     merged = dict(DEFAULT_QA)
     short_query = min(DEFAULT_QA["max_query_len"], max_seq_len // 4)
     merged["max_query_len"] = overrides.get("max_query_len", short_query)
-    capacity = max_seq_len - merged["max_query_len"] - 3  # [CLS] question [SEP] context [SEP]
+    capacity = window_capacity(max_seq_len, merged["max_query_len"])
     merged["doc_stride"] = overrides.get("doc_stride", min(DEFAULT_QA["doc_stride"], capacity // 2))
     merged["max_answer_len"] = overrides.get("max_answer_len", DEFAULT_QA["max_answer_len"])
     for key, value in merged.items():

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from processing.tasks import TASKS
+
 from .config import BertConfig
 
 ACTIVATIONS = {
@@ -88,17 +90,22 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(h, h)
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
 
-    def split_heads(self, x: Tensor) -> Tensor:  # [b, s, h] -> [b, heads, s, d]
-        return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_size).permute(0, 2, 1, 3)
+    # B = batch, T = sequence length, C = hidden size, nh = heads, hs = head size (C = nh * hs)
+    def split_heads(self, x: Tensor) -> Tensor:
+        x = x.view(x.shape[0], x.shape[1], self.num_heads, self.head_size)  # (B, T, C) -> (B, T, nh, hs)
+        return x.permute(0, 2, 1, 3)  # (B, nh, T, hs)
 
     def forward(self, x: Tensor, additive_mask: Tensor) -> Tensor:
-        q = self.split_heads(self.query(x))
-        k = self.split_heads(self.key(x))
-        v = self.split_heads(self.value(x))
+        # x: (B, T, C); additive_mask: (B, 1, 1, T), 0 for a token, a large negative for padding
+        q = self.split_heads(self.query(x))  # (B, nh, T, hs)
+        k = self.split_heads(self.key(x))  # (B, nh, T, hs)
+        v = self.split_heads(self.value(x))  # (B, nh, T, hs)
+        # (B, nh, T, hs) @ (B, nh, hs, T) -> (B, nh, T, T): query i's score for key j
         scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size)
-        probs = self.dropout(torch.softmax(scores + additive_mask, dim=-1))
+        probs = self.dropout(torch.softmax(scores + additive_mask, dim=-1))  # (B, nh, T, T), rows sum to 1
+        # (B, nh, T, T) @ (B, nh, T, hs) -> (B, nh, T, hs) -> (B, T, nh, hs)
         context = torch.matmul(probs, v).permute(0, 2, 1, 3).contiguous()
-        return context.view(context.shape[0], context.shape[1], -1)
+        return context.view(context.shape[0], context.shape[1], -1)  # heads side by side again: (B, T, C)
 
 
 class BertSelfOutput(nn.Module):
@@ -211,7 +218,7 @@ class BertPreTrainedModel(nn.Module):
 
 def additive_attention_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
     """1 = token / 0 = padding  ->  0 / large negative, broadcast over heads and queries."""
-    mask = attention_mask[:, None, None, :].to(dtype)
+    mask = attention_mask[:, None, None, :].to(dtype)  # (B, T) -> (B, 1, 1, T)
     return (1.0 - mask) * torch.finfo(dtype).min
 
 
@@ -283,6 +290,7 @@ class BertForTokenClassification(BertPreTrainedModel):
         if labels is not None:
             if attention_mask is not None:
                 labels = labels.masked_fill(attention_mask == 0, -100)
+            # flatten tokens: logits (B, T, labels) -> (B * T, labels), labels (B, T) -> (B * T)
             loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1), ignore_index=-100)
         return HeadOutput(logits=logits, loss=loss)
 
@@ -301,10 +309,10 @@ class BertForMultipleChoice(BertPreTrainedModel):
         batch, choices, seq = input_ids.shape
 
         def flat(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.reshape(batch * choices, seq)
+            return None if t is None else t.reshape(batch * choices, seq)  # (B, n, T) -> (B * n, T)
 
         pooled = self.bert(flat(input_ids), flat(attention_mask), flat(token_type_ids)).pooler_output
-        logits = self.classifier(self.dropout(pooled)).view(batch, choices)
+        logits = self.classifier(self.dropout(pooled)).view(batch, choices)  # (B * n, 1) -> (B, n)
         loss = F.cross_entropy(logits, labels) if labels is not None else None
         return HeadOutput(logits=logits, loss=loss)
 
@@ -372,6 +380,7 @@ class BertPreTrainingHeads(nn.Module):
 
 
 def mlm_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    # flatten tokens: logits (B, T, vocab) -> (B * T, vocab), labels (B, T) -> (B * T)
     return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
 
 
@@ -434,10 +443,8 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
         return HeadOutput(logits=logits, loss=loss)
 
 
+# Each served task's head is named by the task registry (processing.tasks); pretraining is ours only.
 TASK_HEADS: dict[str, type[BertPreTrainedModel]] = {
-    "classify": BertForSequenceClassification,
-    "ner": BertForTokenClassification,
-    "multiple-choice": BertForMultipleChoice,
-    "qa": BertForQuestionAnswering,
+    **{name: globals()[spec.head] for name, spec in TASKS.items()},
     "pretrain": BertForPreTraining,
 }

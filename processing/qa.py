@@ -42,7 +42,8 @@ class Answer:
 
 
 def window_capacity(max_seq_len: int, query_len: int) -> int:
-    return max_seq_len - query_len - 3  # [CLS] q [SEP] ctx [SEP]
+    """Context tokens a window holds: [CLS] question [SEP] context [SEP]."""
+    return max_seq_len - query_len - 3
 
 
 def make_windows(

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from processing.tasks import TASK_NAMES
 from tests.helpers.tiny import make_tiny_checkpoint
 
-TASKS = ("classify", "ner", "multiple-choice", "qa")
+TASKS = TASK_NAMES
 
 
 def pytest_configure(config) -> None:

@@ -26,7 +26,7 @@ def test_last_fraction_takes_the_final_articles_in_file_order():
 
 
 def test_trainer_split_is_the_training_code_s_validation_split():
-    from model.splits import split_by_group
+    from train.splits import split_by_group
 
     data = examples([5, 1, 7, 2, 9, 4, 3, 6])
     chosen, _ = select_articles(data, "trainer:0.25:7")

@@ -84,10 +84,10 @@ def test_constant_rate_load_across_all_endpoints(server, tmp_path):
     url, process, log_path = server
     out = tmp_path / "load.json"
     command = [
-        sys.executable, str(ROOT / "benchmarks" / "loadgen.py"), "--url", url, "--rate", str(RATE),
+        sys.executable, "-m", "benchmarks.loadgen", "--url", url, "--rate", str(RATE),
         "--duration", str(DURATION_S), "--concurrency", "64", "--wait-ready", "120", "--out", str(out),
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert process.poll() is None, log_path.read_text()
     assert result.returncode == 0, result.stdout + result.stderr + log_path.read_text()
 

@@ -19,8 +19,8 @@ def test_fingerprint_follows_sources_and_variants(tmp_path):
 def test_fingerprint_follows_only_its_own_int8_measurement(tmp_path, monkeypatch):
     import json
 
-    results = tmp_path / "int8_accuracy.json"
-    monkeypatch.setattr(defaults, "INT8_RESULTS", results)
+    results = tmp_path / "int8_task_data.json"
+    monkeypatch.setattr(defaults, "TASK_DATA", results)
     compact = tmp_path / "sst2-minilm"
     compact.mkdir()
     (compact / "delta.safetensors").write_bytes(b"abc")
@@ -52,3 +52,16 @@ def test_committed_defaults_cover_four_tasks_within_budget():
         p.stat().st_size for name in index["models"] for p in (defaults.DEFAULTS_DIR / name).iterdir()
     )
     assert total <= 25_000_000, f"compact defaults take {total / 1e6:.1f} MB"
+
+
+def test_the_build_reads_no_benchmark_results():
+    # The product's manifests must not depend on what a benchmark run left in benchmarks/results.
+    assert defaults.TASK_DATA.parent == defaults.DEFAULTS_DIR
+    source = (defaults.REPO / "export" / "defaults.py").read_text(encoding="utf-8")
+    assert "results" not in source and "int8_accuracy.json" not in source
+    import json
+
+    recorded = json.loads(defaults.TASK_DATA.read_text(encoding="utf-8"))
+    index = json.loads((defaults.DEFAULTS_DIR / defaults.INDEX).read_text(encoding="utf-8"))
+    assert set(recorded) == set(index["models"])
+    assert "/work/" not in defaults.TASK_DATA.read_text(encoding="utf-8")

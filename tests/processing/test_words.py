@@ -96,7 +96,7 @@ def test_empty_text(tokenizer: TextTokenizer) -> None:
 @pytest.mark.parametrize("split", ["train.txt", "dev.txt"])
 def test_conll_rule_gives_back_every_conll_sentence(split: str) -> None:
     """Words joined by single spaces, as a user sends a tokenized sentence, come back unchanged."""
-    from model.readers import read_examples
+    from train.readers import read_examples
 
     examples = read_examples("ner", CONLL / split)
     differ = [e.words for e in examples if words(" ".join(e.words)) != e.words]

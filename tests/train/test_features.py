@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.features import IGNORE, TASKS, FeatureOptions
-from model.readers import ClassifyExample, NERExample, read_examples
 from processing.tokenizer import TextTokenizer
 from tests.helpers.tiny import write_tokenizer_files
+from train.features import IGNORE, TASKS, FeatureOptions
+from train.readers import ClassifyExample, NERExample, read_examples
 
 from .tiny_data import write_task_data
 
@@ -60,8 +60,8 @@ def test_qa_labels_cls_when_answer_outside_window(tokenizer: TextTokenizer, tmp_
 
 
 def test_qa_trains_on_the_answer_most_annotators_gave(tokenizer: TextTokenizer) -> None:
-    from model.features import training_answer
-    from model.readers import QAExample
+    from train.features import training_answer
+    from train.readers import QAExample
 
     assert training_answer([("a", 0), ("b", 2), ("b", 2)]) == ("b", 2)
     assert training_answer([("a", 0), ("b", 2)]) == ("a", 0)  # a tie keeps the first

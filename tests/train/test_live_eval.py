@@ -1,5 +1,5 @@
 """A bundle scores the same evaluated offline (ONNX Runtime in the trainer's loop) and through the
-live HTTP service (model.evaluate --url), for every task: what the service answers is what the
+live HTTP service (train.evaluate --url), for every task: what the service answers is what the
 model scores."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from model.evaluate import evaluate_bundle, main, select_examples
-from model.live_eval import ServiceError, evaluate_live
 from tests.conftest import TASKS
 from tests.reliability.live import LiveServer, start_server
 from tests.train.tiny_data import write_task_data
+from train.evaluate import evaluate_bundle, main, select_examples
+from train.live_eval import ServiceError, evaluate_live
 
 # Words with punctuation inside, as CoNLL has them (`P.`, `U.S.`, `Chester-le-Street`): a service
 # that cut them into other words than training's would score differently.

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from model.pretrain_data import (
+from processing.tokenizer import TextTokenizer
+from tests.helpers.tiny import WORDS, tiny_config, write_tokenizer_files
+from train.pretrain_data import (
     IGNORE_INDEX,
     IS_NEXT,
     NOT_NEXT,
@@ -17,8 +19,6 @@ from model.pretrain_data import (
     collate_pretrain,
     mlm_nsp_accuracy,
 )
-from processing.tokenizer import TextTokenizer
-from tests.helpers.tiny import WORDS, tiny_config, write_tokenizer_files
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +241,7 @@ def one_thread():
 
 def test_tiny_pretraining_run_learns(tokenizer: TextTokenizer, tmp_path: Path, one_thread) -> None:
     from model.bert import BertForPreTraining
-    from model.schedules import get_schedule
+    from train.schedules import get_schedule
 
     # A small, repetitive corpus: 6 "stories" of 5 fixed sentences, each repeated 4 times. Each story
     # draws on its own 15 words (a topic), which is what makes NSP learnable this quickly.

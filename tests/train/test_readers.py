@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from model.readers import DataError, detect_format, read_examples
-from model.splits import split_by_group
+from train.readers import DataError, detect_format, read_examples
+from train.splits import split_by_group
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -250,7 +250,7 @@ def test_race_spans_answer_from_the_sentence_that_matches_the_question(tmp_path:
 
 
 def test_race_spans_trim_long_passages_to_whole_sentences() -> None:
-    from model.race_spans import Passage, option_matches
+    from train.race_spans import Passage, option_matches
 
     article = " ".join(f"Sentence number {i} is here." for i in range(60))
     [span] = option_matches(article, "number 30")

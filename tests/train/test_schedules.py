@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from model.schedules import SCHEDULES, get_schedule
+from train.schedules import SCHEDULES, get_schedule
 
 BASE_LR = 1e-3
 WARMUP = 10

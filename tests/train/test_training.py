@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from model.bert import TASK_HEADS
-from model.features import TASKS, FeatureOptions
-from model.readers import read_examples
-from model.train import base_labels, build_model, build_parser, main
-from model.train_utils import epoch_batches, parameter_groups
-from model.trainer import STATE_FILE, TrainConfig, Trainer
 from processing.tokenizer import TextTokenizer
 from tests.helpers.tiny import make_tiny_checkpoint
+from train.features import TASKS, FeatureOptions
+from train.readers import read_examples
+from train.train import base_labels, build_model, build_parser, main
+from train.train_utils import epoch_batches, parameter_groups
+from train.trainer import STATE_FILE, TrainConfig, Trainer
 
 from .tiny_data import write_task_data
 
@@ -60,13 +60,13 @@ def test_loss_falls(task: str, tmp_path: Path) -> None:
 def test_cpu_training_trims_the_heap_after_every_step(trim: bool, tmp_path: Path, monkeypatch) -> None:
     import platform
 
-    import model.trainer
-    from model.train_utils import release_freed_memory
+    import train.trainer
+    from train.train_utils import release_freed_memory
 
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert release_freed_memory() is True
     calls = []
-    monkeypatch.setattr(model.trainer, "release_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(train.trainer, "release_freed_memory", lambda: calls.append(1) or True)
     config = TrainConfig(max_steps=3, batch_size=8, eval_every=1000, progress=False, trim_memory=trim)
     build("classify", tmp_path, config).train()
     assert len(calls) == (3 if trim else 0)
@@ -234,7 +234,7 @@ def test_cli_stop_and_resume(tmp_path: Path) -> None:
 
 
 def test_extra_train_data_is_added_but_never_validated_on(tmp_path: Path) -> None:
-    from model.train import make_task, prepare_data
+    from train.train import make_task, prepare_data
 
     base = make_tiny_checkpoint("qa", tmp_path / "base")
     data = write_task_data("qa", tmp_path / "data")
@@ -376,7 +376,7 @@ def test_torchrun_data_parallel_on_cpu(tmp_path: Path) -> None:
         "--master_port",
         str(port),
         "-m",
-        "model.train",
+        "train",
         "--task",
         "classify",
         "--base",
@@ -423,7 +423,7 @@ def test_cli_reports_bad_data_in_one_line(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "model.train",
+            "train",
             "--task",
             "ner",
             "--base",

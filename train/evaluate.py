@@ -1,14 +1,14 @@
 """Evaluate a model the way training does: a checkpoint, an exported bundle, or a live service.
 
-    python -m model.evaluate CHECKPOINT            DATA   # PyTorch
-    python -m model.evaluate --bundle DIR [--variant int8] DATA   # ONNX Runtime on a bundle
-    python -m model.evaluate --url http://host:8000 [--model NAME] DATA   # the service, over HTTP
+    python -m train.evaluate CHECKPOINT            DATA   # PyTorch
+    python -m train.evaluate --bundle DIR [--variant int8] DATA   # ONNX Runtime on a bundle
+    python -m train.evaluate --url http://host:8000 [--model NAME] DATA   # the service, over HTTP
 
 DATA is either every example of one file,
 
     --task ner --data ../shared/data/conll2003/dev.txt
 
-or, after `--`, the data options of the `python -m model.train` run, so that the validation slice
+or, after `--`, the data options of the `python -m train` run, so that the validation slice
 is exactly the one that run held out:
 
     -- --task classify --train ../shared/data/sst2/train.tsv --validation-fraction 0.12 --holdout whole-texts
@@ -42,12 +42,6 @@ def parse_label_names(spec: str | None) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
-def train_args(train_argv: Sequence[str]) -> argparse.Namespace:
-    from .train import build_parser
-
-    return build_parser().parse_args([*train_argv, "--out", "unused"])
-
-
 def select_examples(
     train_argv: Sequence[str] = (),
     task: str | None = None,
@@ -58,9 +52,9 @@ def select_examples(
 ) -> tuple[str, list]:
     """(task, examples): the held-out slice of a training run's data, or every example of `data`."""
     if train_argv:
-        from .train import data_options
+        from .train import run_options
 
-        options = data_options(train_args(train_argv))
+        options = run_options(train_argv).data
         return options.task, split_examples(options)[1]
     if not (task and data):
         raise SystemExit("give --task and --data, or the training run's data options after --")
@@ -71,10 +65,10 @@ def select_examples(
 def feature_task(task_name: str, tokenizer, train_argv: Sequence[str], recorded: dict):
     """The task's feature builder: the training run's options, else what the model recorded."""
     from .features import TASKS, FeatureOptions
-    from .train import make_task
+    from .train import run_options
 
     if train_argv:
-        return make_task(train_args(train_argv), tokenizer)
+        return TASKS[task_name](tokenizer, run_options(train_argv).features)
     options = FeatureOptions(**{k: v for k, v in recorded.items() if v is not None})
     return TASKS[task_name](tokenizer, options)
 
@@ -110,13 +104,15 @@ def evaluate_checkpoint(
     """A checkpoint in PyTorch; features as the training run made them (or as the model recorded)."""
     import torch
 
+    from model.bert import TASK_HEADS
+    from model.config import BertConfig
     from processing.tokenizer import TextTokenizer
 
-    from .bert import TASK_HEADS
-    from .config import BertConfig
+    from .train import run_options
 
-    if train_argv and train_args(train_argv).num_threads:
-        torch.set_num_threads(train_args(train_argv).num_threads)
+    threads = run_options(train_argv).num_threads if train_argv else 0
+    if threads:
+        torch.set_num_threads(threads)
     config = BertConfig.from_pretrained(checkpoint)
     keys = ("max_seq_len", "long_text", "window_overlap", "doc_stride", "max_query_len", "max_answer_len")
     recorded = {k: config.extra.get(k) for k in keys}
@@ -171,7 +167,7 @@ def evaluate_bundle(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m model.evaluate",
+        prog="python -m train.evaluate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

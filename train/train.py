@@ -1,4 +1,4 @@
-"""Fine-tune (or pretrain) a BERT checkpoint: `python -m model.train --task classify --train ...`.
+"""Fine-tune (or pretrain) a BERT checkpoint: `python -m train --task classify --train ...`.
 
 The output directory is a checkpoint in the Hugging Face layout (config with `task` and
 `id2label`, weights, tokenizer files), with `best/` (best validation score), `train_state.pt`
@@ -13,30 +13,36 @@ import random
 import shlex
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from model.bert import TASK_HEADS, BertModel
+from model.checkpoint import CheckpointError, resolve_base
+from model.config import BertConfig
 from processing.tokenizer import TextTokenizer
 from processing.words import WORD_SPLITS, split_words
 
-from .bert import TASK_HEADS, BertModel
-from .checkpoint import CheckpointError, resolve_base
-from .config import BertConfig
+from .examples import DataError
 from .features import DEFAULT_METRIC, TASKS, FeatureOptions, Task, check_metric
-from .readers import FORMATS, DataError
+from .readers import FORMATS
 from .schedules import SCHEDULES
 from .splits import HOLDOUTS, DataOptions, read_file, split_examples, subsample
 from .trainer import TrainConfig, Trainer
 
-log = logging.getLogger("model.train")
+T = TypeVar("T")
+
+log = logging.getLogger("train.train")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m model.train",
+        prog="python -m train",
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -185,34 +191,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# The command line maps onto typed configs by field name: each option is the field's name with
+# dashes (--max-seq-len -> FeatureOptions.max_seq_len), so nothing is copied by hand.
+def typed(cls: type[T], args: argparse.Namespace, **overrides) -> T:
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if f.name not in overrides}, **overrides)
+
+
+def train_config(args: argparse.Namespace, metric_for_best: str) -> TrainConfig:
+    return typed(TrainConfig, args, metric_for_best=metric_for_best)
+
+
+def feature_options(args: argparse.Namespace) -> FeatureOptions:
+    return typed(FeatureOptions, args)
+
+
 def make_task(args, tokenizer: TextTokenizer) -> Task:
     """The task's feature builder with this run's preprocessing options."""
-    options = FeatureOptions(
-        args.max_seq_len,
-        args.doc_stride,
-        args.max_query_len,
-        args.max_answer_len,
-        args.long_text,
-        args.window_overlap,
-    )
-    return TASKS[args.task](tokenizer, options)
+    return TASKS[args.task](tokenizer, feature_options(args))
 
 
-def data_options(args) -> DataOptions:
-    return DataOptions(
-        task=args.task,
-        train=args.train,
-        validation=args.validation,
-        validation_fraction=args.validation_fraction,
-        holdout=args.holdout,
-        seed=args.seed,
-        format=args.format,
-        text_column=args.text_column,
-        pair_column=args.pair_column,
-        label_column=args.label_column,
-        limit_train=args.limit_train,
-        limit_eval=args.limit_eval,
-    )
+@dataclass(frozen=True)
+class RunOptions:
+    """What evaluation needs of a training command line, typed: the data it read and held out,
+    its preprocessing, and its thread count."""
+
+    data: DataOptions
+    features: FeatureOptions
+    num_threads: int
+
+
+def run_options(train_argv: Sequence[str]) -> RunOptions:
+    """Evaluation and benchmarks score exactly a run's held-out slice through this, not the parser."""
+    args = build_parser().parse_args([*train_argv, "--out", "unused"])
+    return RunOptions(data_options(args), feature_options(args), args.num_threads)
+
+
+def data_options(args: argparse.Namespace) -> DataOptions:
+    return typed(DataOptions, args)
 
 
 def prepare_data(args, task, base_dir: Path, given_labels: list[str] | None):
@@ -350,32 +365,9 @@ def main(argv: list[str] | None = None) -> dict:
     metric = args.metric_for_best or DEFAULT_METRIC[args.task]
     if args.task == "classify" and task.problem_type == "regression" and not args.metric_for_best:
         metric = "pearson"
-    config = TrainConfig(
-        epochs=args.epochs,
-        max_steps=args.max_steps,
-        batch_size=args.batch_size,
-        eval_batch_size=args.eval_batch_size,
-        grad_accum=args.grad_accum,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        warmup_ratio=args.warmup_ratio,
-        warmup_steps=args.warmup_steps,
-        schedule=args.schedule,
-        grad_clip=args.grad_clip,
-        precision=args.precision,
-        seed=args.seed,
-        eval_every=args.eval_every,
-        save_every=args.save_every,
-        log_every=args.log_every,
-        metric_for_best=metric,
-        bucket=args.bucket,
-        freeze_embeddings=args.freeze_embeddings,
-        stop_after_steps=args.stop_after_steps,
-        progress=args.progress,
-        trim_memory=args.trim_memory,
-    )
+    config = train_config(args, metric)
     # "python", not this interpreter's path: the command is recorded in results files for others to run.
-    command = shlex.join(["python", "-m", "model.train", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "train", *(argv if argv is not None else sys.argv[1:])])
     trainer = Trainer(
         model,
         task,
@@ -398,9 +390,13 @@ def main(argv: list[str] | None = None) -> dict:
     return summary
 
 
-if __name__ == "__main__":
+def cli() -> None:
     try:
         main()
     except (DataError, CheckpointError, FileNotFoundError, ValueError) as error:
         # Bad input or options: one clear line rather than a traceback.
         sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    cli()

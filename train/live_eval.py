@@ -1,6 +1,6 @@
 """Evaluate a running service over HTTP, as a user meets it, with the metrics training reports.
 
-The examples are read and held out by `model.splits` (the trainer's own readers and splits) and
+The examples are read and held out by `train.splits` (the trainer's own readers and splits) and
 scored by `processing.metrics` (the trainer's metrics). Only the predictions come from the service:
 one request per example, a bounded number in flight, 429/503 answers retried after their
 `Retry-After`. Torch-free.
@@ -17,7 +17,7 @@ import httpx
 
 from processing.metrics import accuracy, f1_score, get_entities, pearson, span_scores, spearman, squad_scores
 
-from .readers import ChoiceExample, ClassifyExample, NERExample, QAExample
+from .examples import ChoiceExample, ClassifyExample, NERExample, QAExample
 
 RETRIED = (429, 503)
 

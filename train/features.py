@@ -19,18 +19,13 @@ from processing import qa as pqa
 from processing.choice import encode_choices
 from processing.metrics import accuracy, entity_scores, f1_score, pearson, spearman, squad_scores
 from processing.padding import pad_batch, pad_choices
+from processing.tasks import TASKS as TASK_SPECS
 from processing.tokenizer import TextTokenizer, default_window_overlap
 
-from .readers import ChoiceExample, ClassifyExample, NERExample, QAExample
+from .examples import ChoiceExample, ClassifyExample, NERExample, QAExample
 
 IGNORE = -100
-DEFAULT_METRIC = {
-    "classify": "accuracy",
-    "ner": "f1",
-    "multiple-choice": "accuracy",
-    "qa": "f1",
-    "pretrain": "mlm_accuracy",
-}
+DEFAULT_METRIC = {**{name: spec.metric for name, spec in TASK_SPECS.items()}, "pretrain": "mlm_accuracy"}
 
 
 # What each task's evaluation reports (NER adds f1_<TYPE> per entity type); all add "loss".
@@ -406,7 +401,7 @@ class QATask(Task):
 
 
 class PretrainTask(Task):
-    """MLM + NSP; the dataset (model.pretrain_data) already yields padded-ready items."""
+    """MLM + NSP; the dataset (train.pretrain_data) already yields padded-ready items."""
 
     name = "pretrain"
 
@@ -416,20 +411,18 @@ class PretrainTask(Task):
         return collate_pretrain(items, pad_id=self.tokenizer.pad_id)
 
     def row_outputs(self, output, batch):
-        mlm = output.prediction_logits.argmax(-1).cpu().numpy()
-        nsp = output.seq_relationship_logits.argmax(-1).cpu().numpy()
-        labels = np.asarray(batch["labels"])
-        nsp_labels = np.asarray(batch["next_sentence_label"]).reshape(-1)
+        import torch
+
+        from .pretrain_data import mlm_nsp_accuracy
+
+        mlm, nsp = output.prediction_logits.cpu(), output.seq_relationship_logits.cpu()
+        labels = torch.as_tensor(batch["labels"]).cpu()
+        nsp_labels = torch.as_tensor(batch["next_sentence_label"]).cpu().view(-1)
         rows = []
         for i in range(len(mlm)):
-            selected = labels[i] != IGNORE
-            rows.append(
-                (
-                    int((mlm[i][selected] == labels[i][selected]).sum()),
-                    int(selected.sum()),
-                    int(nsp[i] == nsp_labels[i]),
-                )
-            )
+            one = slice(i, i + 1)
+            counts = mlm_nsp_accuracy(mlm[one], labels[one], nsp[one], nsp_labels[one])
+            rows.append((int(counts["mlm_correct"]), int(counts["mlm_total"]), int(counts["nsp_correct"])))
         return rows
 
     def metrics(self, data, outputs: list) -> dict[str, float]:

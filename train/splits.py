@@ -21,7 +21,7 @@ HOLDOUTS = ("group", "whole-texts")
 
 @dataclass
 class DataOptions:
-    """The data options of `python -m model.train` that decide which examples are read and held out."""
+    """The data options of `python -m train` that decide which examples are read and held out."""
 
     task: str
     train: Path

@@ -20,7 +20,7 @@ import numpy as np
 
 from processing.metrics import normalize_answer, token_f1
 
-from .readers import DataError, QAExample, json_lines, parse_label
+from .examples import DataError, QAExample, json_lines, parse_label
 
 # Questions that only make sense next to their options ("Which of the following is TRUE?").
 NEEDS_OPTIONS = re.compile(r"\b(following|title|true|false|mainly|main idea)\b", re.IGNORECASE)

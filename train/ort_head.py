@@ -9,8 +9,7 @@ import numpy as np
 import torch
 
 from export.verify import make_session
-
-from .bert import HeadOutput
+from model.bert import HeadOutput
 
 
 class OrtHead(torch.nn.Module):

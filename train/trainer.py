@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .features import Task
+from .pretrain_data import mlm_nsp_accuracy
 from .schedules import get_schedule
 from .train_utils import (
     dataset_lengths,
@@ -68,21 +69,16 @@ class TrainConfig:
     trim_memory: bool = True  # CPU: malloc_trim after every step (train_utils.release_freed_memory)
 
 
-@torch.no_grad()
 def pretraining_counts(output, batch: dict[str, torch.Tensor], stats: dict[str, float]) -> None:
     """Adds MLM (masked positions only) and NSP correct/total counts of one micro-batch to `stats`."""
-    selected = batch["labels"] != -100
-    predicted = output.prediction_logits.argmax(-1)
-    counts = {
-        "mlm_correct": float((predicted[selected] == batch["labels"][selected]).sum()),
-        "mlm_total": float(selected.sum()),
-        "nsp_correct": float(
-            (output.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).sum()
-        ),
-        "nsp_total": float(len(batch["next_sentence_label"])),
-    }
-    for key, value in counts.items():
-        stats[key] = stats.get(key, 0.0) + value
+    counts = mlm_nsp_accuracy(
+        output.prediction_logits,
+        batch["labels"],
+        output.seq_relationship_logits,
+        batch["next_sentence_label"],
+    )
+    for key in ("mlm_correct", "mlm_total", "nsp_correct", "nsp_total"):
+        stats[key] = stats.get(key, 0.0) + counts[key]
 
 
 # ----------------------------------------------------------------------------- trainer

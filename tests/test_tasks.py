@@ -1,0 +1,80 @@
+"""The task registry (processing/tasks.py) is the one declaration every per-side table follows."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from processing.tasks import TASK_NAMES, TASK_PATHS, TASKS
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_registry_imports_without_torch_or_the_app() -> None:
+    code = (
+        "import sys; import processing.tasks; "
+        "assert not {'torch', 'fastapi', 'app', 'model', 'train'} & set(sys.modules), sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_the_service_follows_the_registry() -> None:
+    from app import middleware, schemas, services, settings
+    from app.routes import router
+
+    assert settings.TASK_NAMES == TASK_NAMES
+    assert middleware.TASK_PATHS == TASK_PATHS
+    assert set(services.SERVICES) == set(TASK_NAMES)
+    routes = {route.path: route for route in router.routes if getattr(route, "methods", None) == {"POST"}}
+    for spec in TASKS.values():
+        route = routes[spec.path]
+        assert services.SERVICES[spec.name].task == spec.name
+        assert route.body_field is not None
+        assert route.body_field.field_info.annotation is getattr(schemas, spec.request)
+        assert getattr(schemas, spec.response) in (
+            getattr(route.response_model, "__args__", None) or (route.response_model,)
+        )
+
+
+def test_export_follows_the_registry() -> None:
+    from export import bundle
+    from export.onnx_export import ARCHITECTURE_TASKS
+
+    assert bundle.TASKS == TASK_NAMES
+    assert ARCHITECTURE_TASKS == {spec.head: name for name, spec in TASKS.items()}
+    inputs, outputs = bundle.task_io("qa")
+    assert [i["shape"] for i in inputs] == [["batch", "sequence"]] * 3
+    assert {o["name"]: o["shape"] for o in outputs} == {
+        "start_logits": ["batch", "sequence"],
+        "end_logits": ["batch", "sequence"],
+    }
+    inputs, outputs = bundle.task_io("multiple-choice")
+    assert inputs[0]["shape"] == ["batch", "choices", "sequence"]
+    assert bundle.task_io("ner", 9)[1][0]["shape"] == ["batch", "sequence", 9]
+
+
+def test_the_network_and_training_follow_the_registry() -> None:
+    from model.bert import TASK_HEADS
+    from train import features, readers
+
+    for name, spec in TASKS.items():
+        assert TASK_HEADS[name].__name__ == spec.head
+        assert features.DEFAULT_METRIC[name] == spec.metric
+        assert name in features.TASKS and name in readers.FORMATS
+    assert readers.TASKS == TASK_NAMES
+    assert set(TASK_HEADS) - set(TASK_NAMES) == {"pretrain"}  # training only, never served
+
+
+def test_a_route_gets_its_task_service_typed() -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    from app.services import ClassifyService, QAService, service_of
+
+    qa = QAService.__new__(QAService)  # no bundle needed to check the lookup
+    bundle = SimpleNamespace(name="squad", service=qa)
+    assert service_of(bundle, QAService) is qa
+    with pytest.raises(TypeError, match="squad serves QAService, not ClassifyService"):
+        service_of(bundle, ClassifyService)

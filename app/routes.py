@@ -9,6 +9,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from export.bundle import VARIANT_NOTES, batch_invariant
+
 from .errors import ApiError
 from .schemas import (
     ChoiceRequest,
@@ -206,6 +208,8 @@ async def models(request: Request) -> ModelsResponse:
                 precision=manifest.variants[bundle.variant].precision
                 if manifest and bundle.variant
                 else None,
+                batch_invariant=batch_invariant(bundle.variant, bundle.device) if bundle.variant else None,
+                variant_note=VARIANT_NOTES.get(bundle.variant) if bundle.variant else None,
                 device=bundle.device,
                 execution_provider=runtime.provider if runtime else None,
                 providers=runtime.providers if runtime else [],

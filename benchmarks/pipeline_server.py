@@ -113,8 +113,6 @@ class HFQuestionAnswering:
         doc_stride: int | None = None,
         handle_impossible_answer: bool = False,
     ) -> tuple[list[dict[str, Any]], int]:
-        import torch
-
         cfg = self.settings
         max_answer_len = max_answer_len or cfg.max_answer_len
         encoded = self.tokenizer(
@@ -130,9 +128,7 @@ class HFQuestionAnswering:
         )
         offsets = encoded.pop("offset_mapping").numpy()
         encoded.pop("overflow_to_sample_mapping", None)
-        with torch.inference_mode():
-            output = self.model(**encoded)
-        start_all, end_all = output.start_logits.float().numpy(), output.end_logits.float().numpy()
+        start_all, end_all = self.forward(encoded)
         spans: dict[tuple[int, int], float] = {}
         null_logit = np.inf
         for window in range(len(start_all)):
@@ -159,6 +155,14 @@ class HFQuestionAnswering:
             answers.append({"text": "", "start": 0, "end": 0, "score": float(probs[-1])})
             answers.sort(key=lambda a: -a["score"])
         return answers[:top_k], len(start_all)
+
+    def forward(self, encoded) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end logits of all the request's windows, in one forward pass."""
+        import torch
+
+        with torch.inference_mode():
+            output = self.model(**encoded)
+        return output.start_logits.float().numpy(), output.end_logits.float().numpy()
 
 
 class PipelineQuestionAnswering:

@@ -62,7 +62,10 @@ def test_dynamic_int8_moves_with_its_batch(bundles, task):
 
 
 def test_row_alone_cuts_the_row_to_its_own_length():
-    feeds = {"input_ids": np.array([[5, 6, 7], [8, 0, 0]]), "attention_mask": np.array([[1, 1, 1], [1, 0, 0]])}
+    feeds = {
+        "input_ids": np.array([[5, 6, 7], [8, 0, 0]]),
+        "attention_mask": np.array([[1, 1, 1], [1, 0, 0]]),
+    }
     assert row_alone(feeds, 1)["input_ids"].tolist() == [[8]]
     choices = {"attention_mask": np.array([[[1, 1, 0, 0], [1, 1, 1, 0]]])}  # longest choice: 3 tokens
     assert row_alone(choices, 0)["attention_mask"].shape == (1, 2, 3)
@@ -103,7 +106,9 @@ def test_rowwise_matmul_matches_its_formula(tmp_path):
 def test_export_fails_when_the_invariant_variant_is_not(checkpoints, tmp_path, monkeypatch):
     # As if the rewrite had produced ORT's batch-dependent graph: the export must refuse it.
     monkeypatch.setattr(
-        pipeline.quantize_rowwise, "quantize_rowwise", lambda src, dst: pipeline.quantize.quantize_int8(src, dst)
+        pipeline.quantize_rowwise,
+        "quantize_rowwise",
+        lambda src, dst: pipeline.quantize.quantize_int8(src, dst),
     )
     with pytest.raises(VerificationError, match="int8-rowwise is meant to be batch-invariant"):
         export_bundle(checkpoints["classify"], tmp_path / "b", variants=("int8-rowwise",), max_seq_len=32)

@@ -48,7 +48,8 @@ def test_damaged_model_files_fail_readiness_with_a_clear_log_line(make_models_di
         assert ready.status_code == 503 and ready.json()["status"] == "failed", ready.text
         for task, phrase in phrases.items():
             assert (
-                phrase in ready.json()["errors"][task] and "model_int8_rowwise.onnx" in ready.json()["errors"][task]
+                phrase in ready.json()["errors"][task]
+                and "model_int8_rowwise.onnx" in ready.json()["errors"][task]
             )
         unavailable = httpx.post(f"{server.url}/classify", json={"text": "good"}, timeout=5)
         assert unavailable.status_code == 503 and unavailable.json()["error"] == "model_unavailable"

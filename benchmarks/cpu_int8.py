@@ -10,8 +10,11 @@ Candidates, all on the classify default's weights:
 - `int8-rowwise`: per-token activation scales (export/quantize_rowwise.py), the default;
 - `qdq-static-u8`: ORT static quantization, QDQ MatMuls with u8 activations and per-channel s8
   weights, MinMax-calibrated on SST-2 training sentences (none from the validation slice);
-- the OpenVINO execution provider on the fp32 and QDQ graphs, when `onnxruntime` offers it
-  (checked: the session must really run on it, and its logits must match fp32).
+- the OpenVINO execution provider on the fp32 graph (f32 and bf16 precision hints) and the QDQ
+  graph, with `--openvino-python` (an interpreter with `onnxruntime-openvino`, which cannot share
+  a venv with the service's onnxruntime; benchmarks/openvino_worker.py, run in the same
+  benchmark after the others); a session that fell back to the CPU EP, or whose decisions
+  disagree with fp32 on the probe sentences, is reported instead of timed.
 
 Latency: median ms over full-length random rows at (1, 128), (1, 384) and (32, 128), 1 and 2
 threads, candidates timed round-robin so that a busy machine slows them alike (compare ratios);
@@ -49,27 +52,16 @@ SHAPES = ((1, 128), (1, 384), (32, 128))
 QUICK_SHAPES = ((1, 128), (4, 64))
 THREADS = (1, 2)
 BUNDLE_VARIANTS = ("fused", "int8", "int8-rowwise")
-OPENVINO_EP = "OpenVINOExecutionProvider"
 
 
 class Candidate:
-    def __init__(self, name: str, path: Path, disabled: list[str] | None = None, provider: str = "CPU"):
-        self.name, self.path, self.disabled, self.provider = name, path, disabled or [], provider
+    def __init__(self, name: str, path: Path, disabled: list[str] | None = None):
+        self.name, self.path, self.disabled = name, path, disabled or []
 
     def session(self, threads: int):
-        import onnxruntime as ort
+        from export.verify import make_session
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.log_severity_level = 3
-        providers = [OPENVINO_EP, "CPUExecutionProvider"] if self.provider == "OpenVINO" else None
-        extra = {"disabled_optimizers": self.disabled} if self.disabled else {}
-        session = ort.InferenceSession(
-            str(self.path), options, providers=providers or ["CPUExecutionProvider"], **extra
-        )
-        if self.provider == "OpenVINO" and session.get_providers()[0] != OPENVINO_EP:
-            raise RuntimeError(f"{self.name}: the session fell back to {session.get_providers()}")
-        return session
+        return make_session(self.path, threads, self.disabled)
 
 
 def calibration_batches(bundle: Path, data: Path, count: int) -> list[dict[str, np.ndarray]]:
@@ -125,8 +117,6 @@ def quantize_static_qdq(fp32: Path, out: Path, batches: list[dict[str, np.ndarra
 
 
 def candidates(bundle: Path, work: Path, data: Path, calibration: int) -> tuple[list[Candidate], dict]:
-    import onnxruntime as ort
-
     from export.bundle import load_bundle_manifest
 
     manifest = load_bundle_manifest(bundle)
@@ -144,13 +134,26 @@ def candidates(bundle: Path, work: Path, data: Path, calibration: int) -> tuple[
         out.append(Candidate("qdq-static-u8", qdq))
     else:
         notes["qdq-static-u8"] = f"skipped: {data} (calibration data) is absent"
-    if OPENVINO_EP in ort.get_available_providers():
-        out.append(Candidate("openvino-fp32", bundle / manifest.variants["fp32"].file, provider="OpenVINO"))
-        if data.exists():
-            out.append(Candidate("openvino-qdq-u8", work / "model_qdq_static_u8.onnx", provider="OpenVINO"))
-    else:
-        notes["openvino"] = f"not measured: this onnxruntime offers {ort.get_available_providers()}"
     return out, notes
+
+
+def openvino(python: str, fp32: Path, qdq: Path | None, reference: dict, work: Path, args) -> dict[str, Any]:
+    """benchmarks/openvino_worker.py in `python`: the OpenVINO EP on the fp32 and QDQ graphs."""
+    import subprocess
+
+    probe = work / "probe.npz"
+    np.savez(probe, **reference["feeds"], logits=reference["logits"])
+    models = [f"openvino-fp32={fp32}", f"openvino-bf16-hint={fp32}:BF16"]
+    models += [f"openvino-qdq-u8={qdq}"] if qdq is not None else []
+    command = [python, str(common.ROOT / "benchmarks" / "openvino_worker.py"), "--probe", str(probe)]
+    for spec in models:
+        command += ["--model", spec]
+    command += ["--shapes", ",".join(f"{b}x{q}" for b, q in args.shapes)]
+    command += ["--runs", str(args.runs), "--budget-s", str(args.budget_s)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def checked_sessions(cands: list[Candidate], threads: int, reference: dict) -> dict[str, Any]:
@@ -256,27 +259,13 @@ def invariance_and_accuracy(cands: list[Candidate], bundle: Path, data: Path, qu
 
 def bert_base(work: Path, quick: bool) -> dict[str, Candidate]:
     """BERT-base shape (random weights) exported with the bundle variants."""
-    import torch
-
+    from benchmarks.export_latency import bert_base_random
     from export import export_bundle
-    from model.bert import BertForSequenceClassification
-    from model.checkpoint import copy_tokenizer_files, minilm_package_dir
-    from model.config import BertConfig
 
     layers = 2 if quick else 12
     checkpoint, bundle = work / f"bert-base-{layers}l", work / f"bert-base-{layers}l-bundle"
     if not (bundle / "bundle.json").exists():
-        torch.manual_seed(0)
-        config = BertConfig(
-            hidden_size=768,
-            num_hidden_layers=layers,
-            num_attention_heads=12,
-            intermediate_size=3072,
-            task="classify",
-            id2label={0: "negative", 1: "positive"},
-        )
-        BertForSequenceClassification(config).save_pretrained(checkpoint)
-        copy_tokenizer_files(minilm_package_dir(), checkpoint)
+        bert_base_random(checkpoint, layers)
         export_bundle(
             checkpoint, bundle, variants=("fp32", *BUNDLE_VARIANTS), max_seq_len=128, overwrite=True
         )
@@ -420,7 +409,27 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for op, r in p["by_op"].items():
         lines.append(f"| {op} | {r['us']:.0f} | {r['share']:.1%} | {r['nodes']} |")
-    lines += ["", "Notes: " + json.dumps(report["notes"])]
+    ov = report["notes"].get("openvino")
+    if isinstance(ov, dict) and "rows" in ov:
+        lines += [
+            "",
+            f"## OpenVINO execution provider (onnxruntime-openvino {ov['onnxruntime']}, own interpreter, "
+            "timed after the others: compare its ratios with care)",
+            "",
+            "| candidate | threads | decisions as fp32 | row alone vs in batch | latency ms by shape |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for r in ov["rows"]:
+            if "error" in r:
+                lines.append(f"| {r['candidate']} | {r['threads']} | not timed: {r['error']} | | |")
+                continue
+            ms = ", ".join(f"{k[:-3]}: {v}" for k, v in r.items() if k.endswith("_ms"))
+            lines.append(
+                f"| {r['candidate']} | {r['threads']} | {r['argmax_agreement']:.1%} | "
+                f"{r['invariance_max_abs_diff']:.3g} | {ms} |"
+            )
+    notes = {k: v for k, v in report["notes"].items() if not (k == "openvino" and isinstance(v, dict))}
+    lines += ["", "Notes: " + json.dumps(notes)]
     return "\n".join(lines)
 
 
@@ -460,6 +469,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     import os
 
+    from export.bundle import load_bundle_manifest
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--bundle", type=Path, default=common.default_bundle("classify"))
@@ -468,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=40)
     p.add_argument("--budget-s", type=float, default=25.0, help="time per shape and thread count")
     p.add_argument("--no-bert-base", action="store_true")
+    p.add_argument(
+        "--openvino-python", help="interpreter with onnxruntime-openvino for the OpenVINO EP candidates"
+    )
     p.add_argument("--work-dir", type=Path, default=common.WORK / "cpu_int8")
     p.add_argument("--out", type=Path, default=common.RESULTS)
     args = p.parse_args(argv)
@@ -478,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = [round(x, 2) for x in os.getloadavg()]
     cands, notes = candidates(bundle, args.work_dir, args.data, args.calibration)
     reference = probe(bundle, args.data, cands[0])
-    shapes = QUICK_SHAPES if args.quick else SHAPES
+    shapes = args.shapes = QUICK_SHAPES if args.quick else SHAPES
     print("latency", flush=True)
     rows = latency(cands, shapes, THREADS, args.runs, args.budget_s, reference)
     if not args.no_bert_base:
@@ -490,6 +504,13 @@ def main(argv: list[str] | None = None) -> int:
         rows += latency(list(base.values()), shapes[:1], THREADS, args.runs, args.budget_s, base_reference)
     print("invariance and accuracy", flush=True)
     quality = invariance_and_accuracy(cands, bundle, args.data, args.quick)
+    if args.openvino_python:
+        print("OpenVINO execution provider (benchmarks/openvino_worker.py)", flush=True)
+        qdq = next((c.path for c in cands if c.name == "qdq-static-u8"), None)
+        fp32 = bundle / load_bundle_manifest(bundle).variants["fp32"].file
+        notes["openvino"] = openvino(args.openvino_python, fp32, qdq, reference, args.work_dir, args)
+    else:
+        notes["openvino"] = "not measured: give --openvino-python (an interpreter with onnxruntime-openvino)"
     chosen = next(c for c in cands if c.name == "int8-rowwise")
     peak = scaling.measure_peak(1, [(128, 384, 1536), (128, 1536, 384)], args.runs, args.budget_s / 4)
     prof = profile(chosen, 1, 128, args.runs)

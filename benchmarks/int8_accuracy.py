@@ -96,9 +96,13 @@ def main() -> None:
 
 
 def write_results(results: dict, path: Path) -> str:
-    """Merge into earlier results (a `--tasks` subset keeps the other bundles' lines); returns the table."""
+    """Merge into earlier results (a `--tasks` or `--variants` subset keeps the other bundles' and
+    variants' scores); returns the table."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    merged = {**(json.loads(path.read_text()) if path.exists() else {}), **results}
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    for bundle, line in results.items():
+        scores = {**merged.get(bundle, {}).get("scores", {}), **line["scores"]}
+        merged[bundle] = {**line, "scores": scores, "summary": summarize(line["metric"], scores)}
     path.write_text(json.dumps(merged, indent=2) + "\n")
     lines = [
         "| bundle | metric | variant | batched | one at a time | cost vs fp32 (batched / one at a time) |",

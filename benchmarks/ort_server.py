@@ -31,9 +31,12 @@ from app.runtime import choose_variant  # noqa: E402
 from benchmarks.pipeline_server import (  # noqa: E402
     ClassifyIn,
     HFQuestionAnswering,
-    PairIn,
     QAIn,
     _quiet_transformers,
+    add_probes,
+    answer,
+    classify_items,
+    classify_response,
     qa_settings_from_bundle,
 )
 from export.bundle import load_bundle_manifest, verify_bundle_files  # noqa: E402
@@ -96,59 +99,31 @@ def create_app(
         "intra_op_threads": threads,
     }
 
-    @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
+    add_probes(app)
 
-    @app.get("/ready")
-    def ready() -> dict[str, str]:
-        return {"status": "ready"}  # models load before the server starts accepting requests
-
-    @app.get("/models")
-    def models() -> dict[str, Any]:
-        return app.state.info
+    def missing(task: str) -> HTTPException:
+        return HTTPException(404, {"error": "no_model", "message": f"no {task} bundle loaded"})
 
     @app.post("/classify")
     def classify_endpoint(request: ClassifyIn) -> dict[str, Any]:
         if classifier is None:
-            raise HTTPException(404, {"error": "no_model", "message": "no classify bundle loaded"})
-        if (request.inputs is None) == (request.text is None):
-            raise HTTPException(422, "give either text or inputs")
-        items = request.inputs or [PairIn(text=request.text or "", text_pair=request.text_pair)]
+            raise missing("classify")
         tokenizer, max_length = classifier.tokenizer, classifier.manifest.max_seq_len
-        rows = [tokenizer(i.text, i.text_pair, truncation=True, max_length=max_length) for i in items]
-        encoded = tokenizer.pad(rows, return_tensors="np")
-        probabilities = softmax(classifier.run(encoded)[0])
+        rows = [
+            tokenizer(i.text, i.text_pair, truncation=True, max_length=max_length)
+            for i in classify_items(request)
+        ]
+        probabilities = softmax(classifier.run(tokenizer.pad(rows, return_tensors="np"))[0])
         labels = classifier.manifest.labels or []
-        results = []
-        for row in probabilities:
-            order = np.argsort(row)[::-1][: request.top_k]
-            scores = [{"label": labels[k], "score": float(row[k])} for k in order]
-            results.append(
-                {
-                    "label": scores[0]["label"],
-                    "score": scores[0]["score"],
-                    "scores": scores,
-                    "value": None,
-                    "truncated": None,
-                    "windows": 1,
-                }
-            )
-        return results[0] if request.inputs is None else {"results": results}
+        return classify_response(
+            request, [[(labels[k], row[k]) for k in np.argsort(row)[::-1]] for row in probabilities]
+        )
 
     @app.post("/qa")
     def qa_endpoint(request: QAIn) -> dict[str, Any]:
         if reader is None:
-            raise HTTPException(404, {"error": "no_model", "message": "no qa bundle loaded"})
-        answers, windows = reader(
-            request.question,
-            request.context,
-            top_k=request.top_k,
-            max_answer_len=request.max_answer_len,
-            doc_stride=request.doc_stride,
-            handle_impossible_answer=request.handle_impossible_answer,
-        )
-        return {"answers": answers, "windows": windows}
+            raise missing("qa")
+        return answer(reader, request)
 
     return app
 

@@ -213,6 +213,60 @@ def make_qa_baseline(directory: str | Path, settings: QASettings | None = None):
     return PipelineQuestionAnswering(directory, settings)
 
 
+def add_probes(app: FastAPI) -> None:
+    """/health, /ready and /models (app.state.info): the routes benchmarks/loadgen.py waits on."""
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    def ready() -> dict[str, str]:
+        return {"status": "ready"}  # models load before the server starts accepting requests
+
+    @app.get("/models")
+    def models() -> dict[str, Any]:
+        return app.state.info
+
+
+def classify_items(request: ClassifyIn) -> list[PairIn]:
+    if (request.inputs is None) == (request.text is None):
+        raise HTTPException(422, "give either text or inputs")
+    if request.inputs is not None:
+        return request.inputs
+    return [PairIn(text=request.text or "", text_pair=request.text_pair)]
+
+
+def classify_response(request: ClassifyIn, ranked: list[list[tuple[str, float]]]) -> dict[str, Any]:
+    """Our /classify response from each item's (label, score) pairs, best first."""
+    results = []
+    for pairs in ranked:
+        scores = [{"label": label, "score": float(score)} for label, score in pairs][: request.top_k]
+        results.append(
+            {
+                "label": scores[0]["label"],
+                "score": scores[0]["score"],
+                "scores": scores,
+                "value": None,
+                "truncated": None,
+                "windows": 1,
+            }
+        )
+    return results[0] if request.inputs is None else {"results": results}
+
+
+def answer(reader, request: QAIn) -> dict[str, Any]:
+    answers, windows = reader(
+        request.question,
+        request.context,
+        top_k=request.top_k,
+        max_answer_len=request.max_answer_len,
+        doc_stride=request.doc_stride,
+        handle_impossible_answer=request.handle_impossible_answer,
+    )
+    return {"answers": answers, "windows": windows}
+
+
 def create_app(
     classify: str | Path | None = None,
     qa: str | Path | None = None,
@@ -250,45 +304,16 @@ def create_app(
     def missing(task: str) -> HTTPException:
         return HTTPException(404, {"error": "no_model", "message": f"no {task} checkpoint loaded"})
 
-    @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/ready")
-    def ready() -> dict[str, str]:
-        return {"status": "ready"}  # models load before the server starts accepting requests
-
-    @app.get("/models")
-    def models() -> dict[str, Any]:
-        return app.state.info
+    add_probes(app)
 
     @app.post("/classify")
     def classify_endpoint(request: ClassifyIn) -> dict[str, Any]:
         if classifier is None:
             raise missing("classify")
-        if (request.inputs is None) == (request.text is None):
-            raise HTTPException(422, "give either text or inputs")
-        items = (
-            request.inputs
-            if request.inputs is not None
-            else [PairIn(text=request.text or "", text_pair=request.text_pair)]
-        )
+        items = classify_items(request)
         calls = [{"text": i.text, "text_pair": i.text_pair} if i.text_pair else i.text for i in items]
         outputs = classifier(calls, top_k=None, truncation=True, max_length=max_length)
-        results = []
-        for scores in outputs:
-            scores = [{"label": s["label"], "score": float(s["score"])} for s in scores][: request.top_k]
-            results.append(
-                {
-                    "label": scores[0]["label"],
-                    "score": scores[0]["score"],
-                    "scores": scores,
-                    "value": None,
-                    "truncated": None,
-                    "windows": 1,
-                }
-            )
-        return results[0] if request.inputs is None else {"results": results}
+        return classify_response(request, [[(s["label"], s["score"]) for s in scores] for scores in outputs])
 
     @app.post("/ner")
     def ner_endpoint(request: NERIn) -> dict[str, Any]:
@@ -311,15 +336,7 @@ def create_app(
     def qa_endpoint(request: QAIn) -> dict[str, Any]:
         if reader is None:
             raise missing("qa")
-        answers, windows = reader(
-            request.question,
-            request.context,
-            top_k=request.top_k,
-            max_answer_len=request.max_answer_len,
-            doc_stride=request.doc_stride,
-            handle_impossible_answer=request.handle_impossible_answer,
-        )
-        return {"answers": answers, "windows": windows}
+        return answer(reader, request)
 
     return app
 

@@ -6,14 +6,16 @@ rewrite of the fused fp32 graph quantizes each token row on its own instead, wit
 ops, so a row's outputs depend on that row alone:
 
     scale_r = max|x_r| / 127                       (Abs, ReduceMax over the hidden axis)
-    q_r     = round(x_r / scale_r) + 128           (Div, per-tensor QuantizeLinear: uint8)
-    y_r     = ((q_r - 128) . W_q) * scale_w * scale_r
+    q_r     = round(x_r / scale_r) + Z             (Div, per-tensor QuantizeLinear: uint8)
+    y_r     = ((q_r - Z) . W_q) * scale_w * scale_r
               MatMulIntegerToFloat: exact int32 accumulation, per-column weight scales, and its
               activation scale given per row ([..., 1]), which it applies to its output
 
-The zero point is the constant 128 (symmetric activations), because ONNX Runtime's integer
-matmuls take only one activation zero point per tensor; the per-row part lives in the scale,
-which multiplies the float result. Weights are int8, symmetric, one scale per output column.
+The zero point Z is a constant, because ONNX Runtime's integer matmuls take only one activation
+zero point per tensor; the per-row part lives in the scale, which multiplies the float result.
+Z is 128 (symmetric) except after GELU, whose outputs lie in [-0.17, max]: there Z = 32 and
+scale_r = max(max_r / 223, -min_r / 32), which gives the positive side 1.75x the codes.
+Weights are int8, symmetric, one scale per output column.
 Each attention block's Q, K and V projections become three such matmuls feeding
 MultiHeadAttention (scores, softmax and context stay fp32, as in QAttention). Embeddings,
 LayerNorm, GELU, the pooler and the classifier stay fp32. Bias adds stay outside the matmul:
@@ -31,6 +33,9 @@ import numpy as np
 MS_DOMAIN = "com.microsoft"
 ZERO_POINT = 128  # uint8 code of 0.0: symmetric activations on the u8 x s8 kernels
 QMAX = 127.0
+GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
+# Chosen on the defaults' validation data among 128 (symmetric), 16 and 32: benchmarks/cpu_int8.md.
+GELU_ZERO_POINT = 32
 TINY = 1e-30  # added to every scale: an all-zero row quantizes to zeros instead of 0 / 0
 TOOL = "export.quantize_rowwise: per-token symmetric uint8 activations, per-column symmetric int8 weights"
 BEHAVIOUR = "per-token activation scales: a row's outputs do not depend on what shares its batch"
@@ -51,7 +56,8 @@ class _Rewriter:
         self.to_array = numpy_helper.to_array
         self.new_initializers: list = []
         self.nodes: list = []
-        self.quantized: dict[str, tuple[str, str]] = {}  # fp32 tensor -> (uint8 codes, row scales)
+        self.quantized: dict[str, tuple[str, str, int]] = {}  # fp32 tensor -> (codes, row scales, zp)
+        self.producers = {out: node.op_type for node in graph.node for out in node.output}
         self.constants: dict[str, str] = {}
         self.counter: Counter = Counter()
 
@@ -81,32 +87,46 @@ class _Rewriter:
         value = self.to_array(self.weights[name]) if name in self.weights else None
         return value if value is not None and value.ndim == 2 and value.dtype == np.float32 else None
 
-    def quantize_rows(self, x: str) -> tuple[str, str]:
-        """uint8 codes of `x` [..., K] and its scales [..., 1], one per row; shared by every consumer
-        of `x`. x / scale goes through a per-tensor QuantizeLinear (scale 1, zero point 128): the
+    def quantize_rows(self, x: str) -> tuple[str, str, int]:
+        """uint8 codes of `x` [..., K], its scales [..., 1] (one per row) and its zero point; shared
+        by every consumer of `x`. x / scale goes through a per-tensor QuantizeLinear (scale 1): the
         vectorized path, with no reshape to the 2-D layout a per-axis QuantizeLinear needs."""
-        if x not in self.quantized:
+        if x in self.quantized:
+            return self.quantized[x]
+        if self.producers.get(x) in GELU_OPS:
+            # GELU outputs lie in [-0.17, max]: a low zero point gives the positive side more codes
+            # than a symmetric one. scale_r = max(max_r / (255 - Z), -min_r / Z): nothing clips.
+            zero_point = GELU_ZERO_POINT
+            high = self.node("ReduceMax", [x], "max", axes=[-1], keepdims=1)
+            low = self.node("ReduceMin", [x], "min", axes=[-1], keepdims=1)
+            up = self.node(
+                "Mul", [high, self.const("inv_up", np.float32(1 / (255 - zero_point)), True)], "up"
+            )
+            down = self.node("Mul", [low, self.const("inv_down", np.float32(-1 / zero_point), True)], "down")
+            scaled = self.node("Max", [up, down], "scale0")
+        else:
+            zero_point = ZERO_POINT
             amax = self.node("ReduceMax", [self.node("Abs", [x], "abs")], "amax", axes=[-1], keepdims=1)
             scaled = self.node("Mul", [amax, self.const("inv_qmax", np.float32(1 / QMAX), True)], "scale0")
-            scale = self.node("Add", [scaled, self.const("tiny", np.float32(TINY), True)], "scale")
-            unit = self.node("Div", [x, scale], "unit")
-            one = self.const("one", np.float32(1), True)
-            zero_point = self.const("zp", np.uint8(ZERO_POINT), True)
-            self.quantized[x] = (self.node("QuantizeLinear", [unit, one, zero_point], "codes"), scale)
+        scale = self.node("Add", [scaled, self.const("tiny", np.float32(TINY), True)], "scale")
+        unit = self.node("Div", [x, scale], "unit")
+        one = self.const("one", np.float32(1), True)
+        zp = self.const(f"zp{zero_point}", np.uint8(zero_point), True)
+        self.quantized[x] = (self.node("QuantizeLinear", [unit, one, zp], "codes"), scale, zero_point)
         return self.quantized[x]
 
     def matmul(self, x: str, weight: np.ndarray, output: str | None = None) -> str:
         """x [..., K] . weight [K, N] -> [..., N] fp32 through int8, with per-row activation scales."""
         from onnx import helper
 
-        codes, scale = self.quantize_rows(x)
+        codes, scale, zero_point = self.quantize_rows(x)
         w_codes, w_scales = quantize_weight(weight)
         inputs = [
             codes,
             self.const("w", w_codes),
             scale,
             self.const("w_scale", w_scales),
-            self.const("a_zero_point", np.array([ZERO_POINT], np.uint8), True),
+            self.const(f"a_zero_point{zero_point}", np.array([zero_point], np.uint8), True),
         ]
         out = output or self.name("matmul")
         self.nodes.append(

@@ -71,3 +71,21 @@ def test_profile_and_report(tiny_bundles, tmp_path):
     assert "| int8-rowwise | 1 | 2.20 (1.10×) |" in text and "MatMulIntegerToFloat" in text
     cpu_int8.plot(report, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_openvino_worker_reports_a_fallback_instead_of_timing_it(tiny_bundles, tmp_path):
+    # This venv's onnxruntime has no OpenVINO EP: the session silently runs on the CPU EP, which
+    # the worker must catch (as it would a bad provider path) rather than time as "OpenVINO".
+    import sys
+    from types import SimpleNamespace
+
+    bundle = tiny_bundles["classify"]
+    feeds = scaling.feeds(4, 8, VOCAB)
+    reference = {
+        "feeds": feeds,
+        "logits": run_session(tiny_candidates(bundle)[0].session(1), feeds)["logits"],
+    }
+    args = SimpleNamespace(shapes=[(1, 8)], runs=2, budget_s=0.1)
+    out = cpu_int8.openvino(sys.executable, bundle / "model.onnx", None, reference, tmp_path, args)
+    assert [r["candidate"] for r in out["rows"]] == ["openvino-fp32"] * 2 + ["openvino-bf16-hint"] * 2
+    assert all("fell back" in r["error"] and "1x8_ms" not in r for r in out["rows"])

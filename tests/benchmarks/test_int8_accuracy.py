@@ -35,3 +35,8 @@ def test_results_merge_with_earlier_runs(tmp_path):
     assert merged["squad-minilm"]["summary"]["int8"]["cost"]["batched"] == pytest.approx(1.5)
     assert "| sst2-minilm | f1 | int8 |" in table and "+1.5000" in table and "+1.9000" not in table
     assert path.with_suffix(".md").read_text().strip() == table
+    # A run of one variant replaces that variant's scores and keeps the others'.
+    only = {"metric": "f1", "scores": {"int8": {"batched": {"f1": 69.0}, "single": {"f1": 69.0}}}}
+    write_results({"sst2-minilm": only}, path)
+    summary = json.loads(path.read_text())["sst2-minilm"]["summary"]
+    assert summary["fused"]["batched"] == 70.0 and summary["int8"]["cost"]["batched"] == pytest.approx(1.0)

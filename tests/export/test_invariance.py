@@ -71,34 +71,51 @@ def test_row_alone_cuts_the_row_to_its_own_length():
     assert row_alone(choices, 0)["attention_mask"].shape == (1, 2, 3)
 
 
-def test_rowwise_matmul_matches_its_formula(tmp_path):
-    """One MatMul rewritten: per-row symmetric uint8 codes around 128, per-column int8 weights."""
+@pytest.mark.parametrize("after_gelu", [False, True])
+def test_rowwise_matmul_matches_its_formula(tmp_path, after_gelu):
+    """One MatMul rewritten: per-row uint8 codes around a constant zero point (128, or 32 after GELU,
+    whose outputs are mostly positive), per-column symmetric int8 weights."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from export.quantize_rowwise import quantize_rowwise, quantize_weight
+    from export.quantize_rowwise import GELU_ZERO_POINT, MS_DOMAIN, quantize_rowwise, quantize_weight
 
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((16, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["h" if after_gelu else "x", "w"], ["y"])]
+    if after_gelu:
+        nodes.insert(0, helper.make_node("Gelu", ["x"], ["h"], domain=MS_DOMAIN))
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        nodes,
         "one_matmul",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])],
         [numpy_helper.from_array(weight, "w")],
     )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(MS_DOMAIN, 1)]
     src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), src)
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), src)
     report = quantize_rowwise(src, dst)
     assert report["rewritten"] == {"MatMul": 1} and report["remaining_float_matmul"] == 0
     x = rng.standard_normal((2, 3, 16)).astype(np.float32) * np.array([1, 10, 0.01], np.float32)[:, None]
     x[1, 2] = 0  # an all-zero row quantizes to zeros
     got = make_session(dst).run(None, {"x": x})[0]
+    if after_gelu:
+        from scipy.special import erf
+
+        x = (0.5 * x * (1 + erf(x / np.sqrt(2)))).astype(np.float32)
+        z = GELU_ZERO_POINT
+        scale = np.maximum(x.max(-1, keepdims=True) / (255 - z), -x.min(-1, keepdims=True) / z)
+        codes = np.clip(np.rint(x / (scale + np.float32(1e-30))) + z, 0, 255) - z
+        # Every non-zero row reaches one end of the code range, and nothing clips.
+        ends = (codes.max(-1) == 255 - z) | (codes.min(-1) == -z)
+        assert ends[np.abs(x).max(-1) > 0].all()
+    else:
+        scale = np.abs(x).max(-1, keepdims=True) / np.float32(127)
+        codes = np.clip(np.rint(x / (scale + np.float32(1e-30))), -127, 127)
     w_codes, w_scales = quantize_weight(weight)
-    scale = np.abs(x).max(-1, keepdims=True) / np.float32(127) + np.float32(1e-30)
-    codes = np.clip(np.rint(x / scale), -127, 127)
-    expected = (codes @ w_codes.astype(np.float32)) * w_scales * scale
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    expected = (codes @ w_codes.astype(np.float32)) * w_scales * (scale + np.float32(1e-30))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
     assert np.abs(got[1, 2]).max() == 0
     np.testing.assert_allclose(got, x @ weight, atol=0.05 * np.abs(x @ weight).max())
 

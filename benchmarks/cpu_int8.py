@@ -46,6 +46,7 @@ if __package__ in (None, ""):  # run as a script: make the repository packages i
 from benchmarks import bench_common as common  # noqa: E402
 from benchmarks import scaling  # noqa: E402
 from export.invariance import batch_invariance  # noqa: E402
+from export.optimize import CPU_DISABLED_OPTIMIZERS  # noqa: E402
 from export.verify import run_session  # noqa: E402
 
 SHAPES = ((1, 128), (1, 384), (32, 128))
@@ -131,7 +132,8 @@ def candidates(bundle: Path, work: Path, data: Path, calibration: int) -> tuple[
         notes["qdq-static-u8"] = quantize_static_qdq(
             bundle / manifest.variants["fp32"].file, qdq, calibration_batches(bundle, data, calibration)
         )
-        out.append(Candidate("qdq-static-u8", qdq))
+        # Like the int8 variants, without ORT's slow CPU SkipLayerNormalization (export/optimize.py).
+        out.append(Candidate("qdq-static-u8", qdq, list(CPU_DISABLED_OPTIMIZERS)))
     else:
         notes["qdq-static-u8"] = f"skipped: {data} (calibration data) is absent"
     return out, notes
@@ -237,19 +239,19 @@ def invariance_and_accuracy(cands: list[Candidate], bundle: Path, data: Path, qu
             out[c.name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             continue
         line = {"invariance": batch_invariance("classify", lambda f, s=session: run_session(s, f), [batch])}
-        if c.provider == "CPU":
-            for mode, size in (("batched", 32), ("single", 1)):
-                metrics = evaluate_bundle(
-                    bundle,
-                    "fp32",
-                    task,
-                    examples,
-                    recipe["data"],
-                    label_names=recipe.get("label_names"),
-                    eval_batch_size=size,
-                    onnx_file=c.path,
-                )
-                line[mode] = metrics["accuracy"]
+        for mode, size in (("batched", 32), ("single", 1)):
+            metrics = evaluate_bundle(
+                bundle,
+                "fp32",
+                task,
+                examples,
+                recipe["data"],
+                label_names=recipe.get("label_names"),
+                eval_batch_size=size,
+                onnx_file=c.path,
+                disabled_optimizers=c.disabled,
+            )
+            line[mode] = metrics["accuracy"]
         out[c.name] = line
         print(f"  {c.name}: {json.dumps(line)}", flush=True)
     out["examples"] = len(examples)

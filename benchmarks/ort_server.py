@@ -16,7 +16,6 @@ so benchmarks/loadgen.py drives it unchanged.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,13 +30,13 @@ from app.runtime import choose_variant  # noqa: E402
 from benchmarks.pipeline_server import (  # noqa: E402
     ClassifyIn,
     HFQuestionAnswering,
-    QAIn,
     _quiet_transformers,
     add_probes,
-    answer,
+    add_qa_route,
     classify_items,
     classify_response,
     qa_settings_from_bundle,
+    serve,
 )
 from export.bundle import load_bundle_manifest, verify_bundle_files  # noqa: E402
 
@@ -119,18 +118,12 @@ def create_app(
             request, [[(labels[k], row[k]) for k in np.argsort(row)[::-1]] for row in probabilities]
         )
 
-    @app.post("/qa")
-    def qa_endpoint(request: QAIn) -> dict[str, Any]:
-        if reader is None:
-            raise missing("qa")
-        return answer(reader, request)
+    add_qa_route(app, reader, missing)
 
     return app
 
 
 def main(argv: list[str] | None = None) -> int:
-    import uvicorn
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--classify", help="classify bundle directory")
     p.add_argument("--qa", help="qa bundle directory")
@@ -144,12 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.classify or args.qa):
         p.error("give at least one of --classify, --qa")
     app = create_app(args.classify, args.qa, variant=args.variant, threads=args.threads)
-    print(
-        f"plain ORT server serving {app.state.info} on {args.host}:{args.port} (pid {os.getpid()})",
-        flush=True,
-    )
-    uvicorn.run(app, host=args.host, port=args.port)  # uvicorn defaults, access log included
-    return 0
+    return serve(app, "plain ORT server", args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -255,16 +256,22 @@ def classify_response(request: ClassifyIn, ranked: list[list[tuple[str, float]]]
     return results[0] if request.inputs is None else {"results": results}
 
 
-def answer(reader, request: QAIn) -> dict[str, Any]:
-    answers, windows = reader(
-        request.question,
-        request.context,
-        top_k=request.top_k,
-        max_answer_len=request.max_answer_len,
-        doc_stride=request.doc_stride,
-        handle_impossible_answer=request.handle_impossible_answer,
-    )
-    return {"answers": answers, "windows": windows}
+def add_qa_route(app: FastAPI, reader, missing: Callable[[str], HTTPException]) -> None:
+    """/qa over `reader` (HFQuestionAnswering or a subclass; None: 404 through `missing`)."""
+
+    @app.post("/qa")
+    def qa_endpoint(request: QAIn) -> dict[str, Any]:
+        if reader is None:
+            raise missing("qa")
+        answers, windows = reader(
+            request.question,
+            request.context,
+            top_k=request.top_k,
+            max_answer_len=request.max_answer_len,
+            doc_stride=request.doc_stride,
+            handle_impossible_answer=request.handle_impossible_answer,
+        )
+        return {"answers": answers, "windows": windows}
 
 
 def create_app(
@@ -332,11 +339,7 @@ def create_app(
         ]
         return {"entities": entities, "windows": 1}
 
-    @app.post("/qa")
-    def qa_endpoint(request: QAIn) -> dict[str, Any]:
-        if reader is None:
-            raise missing("qa")
-        return answer(reader, request)
+    add_qa_route(app, reader, missing)
 
     return app
 
@@ -364,9 +367,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve(app: FastAPI, what: str, host: str, port: int) -> int:
     import uvicorn
 
+    print(f"{what} serving {app.state.info} on {host}:{port} (pid {os.getpid()})", flush=True)
+    uvicorn.run(app, host=host, port=port)  # uvicorn defaults, access log included
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = QASettings(
         args.qa_max_seq_len, args.qa_doc_stride, args.qa_max_question_len, args.qa_max_answer_len
@@ -379,12 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         qa_settings=settings,
         threads=args.threads or None,
     )
-    print(
-        f"pipeline baseline serving {app.state.info} on {args.host}:{args.port} (pid {os.getpid()})",
-        flush=True,
-    )
-    uvicorn.run(app, host=args.host, port=args.port)  # uvicorn defaults, access log included
-    return 0
+    return serve(app, "pipeline baseline", args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ ORT's dynamic INT8 does not; the per-token quantizer computes what its formula s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -130,3 +132,21 @@ def test_export_fails_when_the_invariant_variant_is_not(checkpoints, tmp_path, m
     with pytest.raises(VerificationError, match="int8-rowwise is meant to be batch-invariant"):
         export_bundle(checkpoints["classify"], tmp_path / "b", variants=("int8-rowwise",), max_seq_len=32)
     assert not (tmp_path / "b").exists()
+
+
+DEFAULT_BUNDLES = Path(__file__).resolve().parents[2] / ".cache" / "bundles"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sst2-minilm", "conll03-minilm", "codah-minilm", "squad-minilm"])
+def test_the_real_default_bundles_are_batch_invariant(name):
+    """The four defaults as `make serve` builds them (skipped before they are built)."""
+    bundle = DEFAULT_BUNDLES / name
+    if not (bundle / "bundle.json").exists():
+        pytest.skip(f"{bundle} is not built (python -m export.defaults --out .cache/bundles)")
+    manifest = load_bundle_manifest(bundle)
+    variant = choose_variant("cpu", manifest.variants)
+    if variant != "int8-rowwise":
+        pytest.skip(f"{bundle} predates int8-rowwise: rebuild it with python -m export.defaults")
+    report = invariance(bundle, variant)
+    assert report["rows"] == 10 and report["max_abs_diff"] <= INVARIANCE_TOLERANCE, report

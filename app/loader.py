@@ -23,9 +23,11 @@ from export.bundle import (
     MANIFEST_NAME,
     BundleError,
     BundleManifest,
+    batch_invariant,
     load_bundle_manifest,
     verify_bundle_files,
 )
+from export.invariance import batch_invariance
 from processing.padding import pad_batch, pad_choices
 from processing.tokenizer import TextTokenizer
 
@@ -162,3 +164,15 @@ def warm_up(bundle: Bundle, max_batch_size: int) -> None:
                 )
         if not all(np.isfinite(v).all() for v in outputs.values()):
             raise BundleError("warm-up produced NaN or infinite outputs")
+    if bundle.variant and batch_invariant(bundle.variant, bundle.device):
+        # The promise /models makes, checked on this machine's kernels: the short input alone
+        # against the same input padded next to the longest one.
+        pair: list[Any] = [short, longest]
+        if manifest.task == "multiple-choice":
+            pair = [[e, e] for e in pair]
+        report = batch_invariance(manifest.task, runtime.run, [collate(pair)])
+        if not report["invariant"]:
+            raise BundleError(
+                f"variant {bundle.variant} should give a row the same outputs alone and in a batch, "
+                f"but they differ by {report['max_abs_diff']:.3g} on this machine; set CPU_VARIANT=fused"
+            )

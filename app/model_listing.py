@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from export.bundle import VARIANT_NOTES, batch_invariant
+
 from .loader import MB
 from .registry import Model, Registry
 from .schemas import ModelInfo, ModelsResponse, VersionInfo
@@ -60,6 +62,8 @@ def model_info(registry: Registry, model: Model) -> ModelInfo:
             problem_type=manifest.problem_type,
             variant=bundle.variant,
             precision=manifest.variants[bundle.variant].precision if bundle.variant else None,
+            batch_invariant=batch_invariant(bundle.variant, bundle.device) if bundle.variant else None,
+            variant_note=VARIANT_NOTES.get(bundle.variant) if bundle.variant else None,
             device=bundle.device,
             execution_provider=runtime.provider if runtime else None,
             providers=runtime.providers if runtime else [],

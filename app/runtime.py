@@ -21,7 +21,7 @@ log = logging.getLogger("app.runtime")
 
 CUDA_EP = "CUDAExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
-CPU_VARIANT_ORDER = ("int8", "fused", "fp32")
+CPU_VARIANT_ORDER = ("int8-rowwise", "int8", "fused", "fp32")
 CUDA_VARIANT_ORDER = ("fp16", "fp32")
 
 
@@ -46,8 +46,9 @@ def resolve_device(requested: str, available_providers: list[str]) -> str:
     return "cuda" if has_cuda else "cpu"
 
 
-def choose_variant(device: str, variants: Mapping[str, Any], cpu_variant: str = "int8") -> str:
-    """FP16 on GPU; CPU_VARIANT (then int8 > fused > fp32) on CPU. Falls back loudly, never silently."""
+def choose_variant(device: str, variants: Mapping[str, Any], cpu_variant: str = "int8-rowwise") -> str:
+    """FP16 on GPU; CPU_VARIANT (then int8-rowwise > int8 > fused > fp32) on CPU. Falls back loudly,
+    never silently."""
     if device == "cuda":
         order: tuple[str, ...] = CUDA_VARIANT_ORDER
     else:

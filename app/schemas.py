@@ -297,6 +297,10 @@ class ModelInfo(BaseModel):
     problem_type: str | None = None
     variant: str | None = None
     precision: str | None = None
+    batch_invariant: bool | None = Field(
+        None, description="Whether a request's outputs are the same alone and in any batch (null: unknown)"
+    )
+    variant_note: str | None = None
     device: str | None = None
     execution_provider: str | None = None
     providers: list[str] = Field(default_factory=list)

@@ -18,7 +18,7 @@ class Settings(BaseSettings):
 
     models_dir: Path = Field(Path("models"), description="Directory whose sub-directories are bundles")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    cpu_variant: Literal["int8", "fused", "fp32"] = "int8"
+    cpu_variant: Literal["int8-rowwise", "int8", "fused", "fp32"] = "int8-rowwise"
     intra_op_threads: int = Field(0, ge=0, description="ORT threads per session; 0 = cores / sessions")
     model_instances: int = Field(
         0, ge=0, description="Sessions per model running batches side by side; 0 = auto (see app/runtime.py)"

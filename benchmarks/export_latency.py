@@ -36,7 +36,8 @@ ENGINES = ("ours-torch", "hf-torch-sdpa", "hf-torch-eager", "ort-fp32", "ort-fus
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def build_checkpoints(work: Path, quick: bool) -> dict[str, Path]:
+def bert_base_random(out: Path, layers: int = 12) -> Path:
+    """A classify checkpoint of BERT-base shape with random (seeded) weights and MiniLM's vocab."""
     import torch
 
     from model.bert import BertForSequenceClassification
@@ -44,9 +45,6 @@ def build_checkpoints(work: Path, quick: bool) -> dict[str, Path]:
     from model.config import BertConfig
 
     torch.manual_seed(0)
-    minilm = BertForSequenceClassification.from_pretrained(minilm_package_dir(), task="classify")
-    minilm.save_pretrained(work / "minilm-l6")
-    layers = 2 if quick else 12  # the smoke run keeps BERT-base width but only 2 layers
     config = BertConfig(
         hidden_size=768,
         num_hidden_layers=layers,
@@ -55,9 +53,23 @@ def build_checkpoints(work: Path, quick: bool) -> dict[str, Path]:
         task="classify",
         id2label={0: "negative", 1: "positive"},
     )
+    BertForSequenceClassification(config).save_pretrained(out)
+    copy_tokenizer_files(minilm_package_dir(), out)  # same 30522-token uncased vocab
+    return out
+
+
+def build_checkpoints(work: Path, quick: bool) -> dict[str, Path]:
+    import torch
+
+    from model.bert import BertForSequenceClassification
+    from model.checkpoint import minilm_package_dir
+
+    torch.manual_seed(0)
+    minilm = BertForSequenceClassification.from_pretrained(minilm_package_dir(), task="classify")
+    minilm.save_pretrained(work / "minilm-l6")
+    layers = 2 if quick else 12  # the smoke run keeps BERT-base width but only 2 layers
     base_name = "bert-base-random" if not quick else "bert-base-width-2-layers-random"
-    BertForSequenceClassification(config).save_pretrained(work / base_name)
-    copy_tokenizer_files(minilm_package_dir(), work / base_name)  # same 30522-token uncased vocab
+    bert_base_random(work / base_name, layers)
     return {"minilm-l6": work / "minilm-l6", base_name: work / base_name}
 
 

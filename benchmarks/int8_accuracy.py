@@ -1,10 +1,13 @@
-"""What INT8 costs on task data: each default bundle's variants scored on its validation split.
+"""What INT8 costs on task data: each default bundle's variants scored on its validation split,
+in batches and one feature (sequence, window or choice group) at a time.
 
-    python benchmarks/int8_accuracy.py [--bundles .cache/bundles] [--variants fused,int8]
+    python -m benchmarks.int8_accuracy [--bundles .cache/bundles] [--variants fused,int8,int8-rowwise]
 
 The validation data, features and metrics are exactly those of `benchmarks/finetune.py`
 (train.train's data preparation and train.features' metrics); only the forward pass is
-ONNX Runtime on the bundle's variant instead of PyTorch. Results go to
+ONNX Runtime on the bundle's variant instead of PyTorch. "batched" runs the evaluation's
+batches of 32 features (padded to the longest); "single" runs every feature alone, as a lone
+request meets the service. A batch-invariant variant scores the same both ways. Results go to
 benchmarks/results/int8_accuracy.{json,md}; `python -m export.defaults` copies each bundle's
 line into its manifest (quantization.task_data).
 """
@@ -13,19 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from benchmarks.finetune import recipes
+from train.evaluate import evaluate_bundle, select_examples
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from finetune import recipes  # noqa: E402
-
-from train.evaluate import evaluate_bundle, select_examples  # noqa: E402
+MODES = {"batched": 32, "single": 1}  # evaluation batch size
+REFERENCE = "fused"  # fp32, batch-invariant
 
 
-def evaluate_variant(bundle: Path, variant: str, recipe: dict, threads: int) -> dict:
+def evaluate_variant(bundle: Path, variant: str, recipe: dict, threads: int, batch_size: int) -> dict:
     task, examples = select_examples(recipe["data"])
     return evaluate_bundle(
         bundle,
@@ -35,7 +36,22 @@ def evaluate_variant(bundle: Path, variant: str, recipe: dict, threads: int) -> 
         recipe["data"],
         label_names=recipe.get("label_names"),
         threads=threads,
+        eval_batch_size=batch_size,
     )
+
+
+def summarize(metric: str, scores: dict[str, dict[str, dict]]) -> dict:
+    """INT8 cost (reference minus variant) per variant and mode, and the batched - single gap."""
+    reference = scores.get(REFERENCE, {}).get("batched")
+    out = {}
+    for variant, modes in scores.items():
+        line: dict = {mode: modes[mode][metric] for mode in modes}
+        if reference is not None and variant != REFERENCE:
+            line["cost"] = {mode: reference[metric] - modes[mode][metric] for mode in modes}
+        if {"batched", "single"} <= set(modes):
+            line["batched_minus_single"] = modes["batched"][metric] - modes["single"][metric]
+        out[variant] = line
+    return out
 
 
 def main() -> None:
@@ -44,7 +60,8 @@ def main() -> None:
     )
     parser.add_argument("--bundles", type=Path, default=REPO / ".cache" / "bundles")
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--variants", default="fused,int8")
+    parser.add_argument("--variants", default="fused,int8,int8-rowwise")
+    parser.add_argument("--modes", default="batched,single")
     parser.add_argument("--tasks", default="sst2,conll03,codah,squad")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "int8_accuracy.json")
@@ -57,29 +74,41 @@ def main() -> None:
     for name in args.tasks.split(","):
         recipe = all_recipes[name]
         bundle = args.bundles / recipe["bundle"]
-        scores = {v: evaluate_variant(bundle, v, recipe, args.threads) for v in args.variants.split(",")}
+        scores = {
+            v: {m: evaluate_variant(bundle, v, recipe, args.threads, MODES[m]) for m in args.modes.split(",")}
+            for v in args.variants.split(",")
+        }
         metric = recipe["metric"]
         results[recipe["bundle"]] = {
             "metric": metric,
-            "validation": " ".join(recipe["data"]),
-            "variants": scores,
-            "int8_cost": scores["fused"][metric] - scores["int8"][metric]
-            if {"fused", "int8"} <= set(scores)
-            else None,
+            "validation": " ".join(recipe["data"]).replace(str(args.data), "../shared/data"),
+            "bundle_created_at": json.loads((bundle / "bundle.json").read_text())["created_at"],
+            "scores": scores,
+            "summary": summarize(metric, scores),
         }
-        print(recipe["bundle"], json.dumps(results[recipe["bundle"]]["variants"]), flush=True)
+        print(recipe["bundle"], json.dumps(results[recipe["bundle"]]["summary"]), flush=True)
     print(write_results(results, args.out))
 
 
 def write_results(results: dict, path: Path) -> str:
-    """Merge into earlier results (a `--tasks` subset keeps the other bundles' lines); returns the table."""
+    """Merge into earlier results (a `--tasks` or `--variants` subset keeps the other bundles' and
+    variants' scores); returns the table."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    merged = {**(json.loads(path.read_text()) if path.exists() else {}), **results}
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    for bundle, line in results.items():
+        scores = {**merged.get(bundle, {}).get("scores", {}), **line["scores"]}
+        merged[bundle] = {**line, "scores": scores, "summary": summarize(line["metric"], scores)}
     path.write_text(json.dumps(merged, indent=2) + "\n")
-    lines = ["| bundle | metric | fused (fp32) | int8 | int8 cost |", "|---|---|---|---|---|"]
+    lines = [
+        "| bundle | metric | variant | batched | one at a time | cost vs fp32 (batched / one at a time) |",
+        "|---|---|---|---|---|---|",
+    ]
     for bundle, r in merged.items():
-        m, v = r["metric"], r["variants"]
-        lines.append(f"| {bundle} | {m} | {v['fused'][m]:.4f} | {v['int8'][m]:.4f} | {r['int8_cost']:+.4f} |")
+        for variant, line in r["summary"].items():
+            cost = line.get("cost", {})
+            cells = [f"{line[m]:.4f}" if m in line else "—" for m in ("batched", "single")]
+            costs = " / ".join(f"{cost[m]:+.4f}" for m in ("batched", "single") if m in cost) or "reference"
+            lines.append(f"| {bundle} | {r['metric']} | {variant} | {cells[0]} | {cells[1]} | {costs} |")
     table = "\n".join(lines)
     path.with_suffix(".md").write_text(table + "\n")
     return table

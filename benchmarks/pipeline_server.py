@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -110,8 +111,6 @@ class HFQuestionAnswering:
         doc_stride: int | None = None,
         handle_impossible_answer: bool = False,
     ) -> tuple[list[dict[str, Any]], int]:
-        import torch
-
         cfg = self.settings
         max_answer_len = max_answer_len or cfg.max_answer_len
         encoded = self.tokenizer(
@@ -127,9 +126,7 @@ class HFQuestionAnswering:
         )
         offsets = encoded.pop("offset_mapping").numpy()
         encoded.pop("overflow_to_sample_mapping", None)
-        with torch.inference_mode():
-            output = self.model(**encoded)
-        start_all, end_all = output.start_logits.float().numpy(), output.end_logits.float().numpy()
+        start_all, end_all = self.forward(encoded)
         spans: dict[tuple[int, int], float] = {}
         null_logit = np.inf
         for window in range(len(start_all)):
@@ -156,6 +153,14 @@ class HFQuestionAnswering:
             answers.append({"text": "", "start": 0, "end": 0, "score": float(probs[-1])})
             answers.sort(key=lambda a: -a["score"])
         return answers[:top_k], len(start_all)
+
+    def forward(self, encoded) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end logits of all the request's windows, in one forward pass."""
+        import torch
+
+        with torch.inference_mode():
+            output = self.model(**encoded)
+        return output.start_logits.float().numpy(), output.end_logits.float().numpy()
 
 
 class PipelineQuestionAnswering:
@@ -206,6 +211,66 @@ def make_qa_baseline(directory: str | Path, settings: QASettings | None = None):
     return PipelineQuestionAnswering(directory, settings)
 
 
+def add_probes(app: FastAPI) -> None:
+    """/health, /ready and /models (app.state.info): the routes benchmarks/loadgen.py waits on."""
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    def ready() -> dict[str, str]:
+        return {"status": "ready"}  # models load before the server starts accepting requests
+
+    @app.get("/models")
+    def models() -> dict[str, Any]:
+        return app.state.info
+
+
+def classify_items(request: ClassifyIn) -> list[PairIn]:
+    if (request.inputs is None) == (request.text is None):
+        raise HTTPException(422, "give either text or inputs")
+    if request.inputs is not None:
+        return request.inputs
+    return [PairIn(text=request.text or "", text_pair=request.text_pair)]
+
+
+def classify_response(request: ClassifyIn, ranked: list[list[tuple[str, float]]]) -> dict[str, Any]:
+    """Our /classify response from each item's (label, score) pairs, best first."""
+    results = []
+    for pairs in ranked:
+        scores = [{"label": label, "score": float(score)} for label, score in pairs][: request.top_k]
+        results.append(
+            {
+                "label": scores[0]["label"],
+                "score": scores[0]["score"],
+                "scores": scores,
+                "value": None,
+                "truncated": None,
+                "windows": 1,
+            }
+        )
+    return results[0] if request.inputs is None else {"results": results}
+
+
+def add_qa_route(app: FastAPI, reader, missing: Callable[[str], HTTPException]) -> None:
+    """/qa over `reader` (HFQuestionAnswering or a subclass; None: 404 through `missing`)."""
+
+    @app.post("/qa")
+    def qa_endpoint(request: QAIn) -> dict[str, Any]:
+        if reader is None:
+            raise missing("qa")
+        answers, windows = reader(
+            request.question,
+            request.context,
+            top_k=request.top_k,
+            max_answer_len=request.max_answer_len,
+            doc_stride=request.doc_stride,
+            handle_impossible_answer=request.handle_impossible_answer,
+        )
+        return {"answers": answers, "windows": windows}
+
+
 def create_app(
     classify: str | Path | None = None,
     qa: str | Path | None = None,
@@ -243,45 +308,16 @@ def create_app(
     def missing(task: str) -> HTTPException:
         return HTTPException(404, {"error": "no_model", "message": f"no {task} checkpoint loaded"})
 
-    @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/ready")
-    def ready() -> dict[str, str]:
-        return {"status": "ready"}  # models load before the server starts accepting requests
-
-    @app.get("/models")
-    def models() -> dict[str, Any]:
-        return app.state.info
+    add_probes(app)
 
     @app.post("/classify")
     def classify_endpoint(request: ClassifyIn) -> dict[str, Any]:
         if classifier is None:
             raise missing("classify")
-        if (request.inputs is None) == (request.text is None):
-            raise HTTPException(422, "give either text or inputs")
-        items = (
-            request.inputs
-            if request.inputs is not None
-            else [PairIn(text=request.text or "", text_pair=request.text_pair)]
-        )
+        items = classify_items(request)
         calls = [{"text": i.text, "text_pair": i.text_pair} if i.text_pair else i.text for i in items]
         outputs = classifier(calls, top_k=None, truncation=True, max_length=max_length)
-        results = []
-        for scores in outputs:
-            scores = [{"label": s["label"], "score": float(s["score"])} for s in scores][: request.top_k]
-            results.append(
-                {
-                    "label": scores[0]["label"],
-                    "score": scores[0]["score"],
-                    "scores": scores,
-                    "value": None,
-                    "truncated": None,
-                    "windows": 1,
-                }
-            )
-        return results[0] if request.inputs is None else {"results": results}
+        return classify_response(request, [[(s["label"], s["score"]) for s in scores] for scores in outputs])
 
     @app.post("/ner")
     def ner_endpoint(request: NERIn) -> dict[str, Any]:
@@ -300,19 +336,7 @@ def create_app(
         ]
         return {"entities": entities, "windows": 1}
 
-    @app.post("/qa")
-    def qa_endpoint(request: QAIn) -> dict[str, Any]:
-        if reader is None:
-            raise missing("qa")
-        answers, windows = reader(
-            request.question,
-            request.context,
-            top_k=request.top_k,
-            max_answer_len=request.max_answer_len,
-            doc_stride=request.doc_stride,
-            handle_impossible_answer=request.handle_impossible_answer,
-        )
-        return {"answers": answers, "windows": windows}
+    add_qa_route(app, reader, missing)
 
     return app
 
@@ -340,9 +364,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve(app: FastAPI, what: str, host: str, port: int) -> int:
     import uvicorn
 
+    print(f"{what} serving {app.state.info} on {host}:{port} (pid {os.getpid()})", flush=True)
+    uvicorn.run(app, host=host, port=port)  # uvicorn defaults, access log included
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = QASettings(
         args.qa_max_seq_len, args.qa_doc_stride, args.qa_max_question_len, args.qa_max_answer_len
@@ -355,12 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         qa_settings=settings,
         threads=args.threads or None,
     )
-    print(
-        f"pipeline baseline serving {app.state.info} on {args.host}:{args.port} (pid {os.getpid()})",
-        flush=True,
-    )
-    uvicorn.run(app, host=args.host, port=args.port)  # uvicorn defaults, access log included
-    return 0
+    return serve(app, "pipeline baseline", args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,7 @@ from typing import Any
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repository packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks import bench_common as common  # noqa: E402
+from benchmarks import bench_common as common
 
 SEQ_LENS = (16, 32, 64, 128, 256, 384, 512)
 BATCHES = (1, 2, 4, 8, 16, 32, 64)

@@ -10,7 +10,7 @@ import numpy as np
 
 from .bundle import DEFAULT_QA, TASKS, BundleError, load_bundle_manifest
 
-ALL_VARIANTS = ("fp32", "fused", "int8", "fp16")
+ALL_VARIANTS = ("fp32", "fused", "int8", "int8-rowwise", "fp16")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--variants",
         default=",".join(ALL_VARIANTS),
         help="comma-separated subset of fp32 (plain graph), fused (ORT transformer fusions), "
-        "int8 (dynamic quantization, CPU), fp16 (CUDA); default: all four",
+        "int8-rowwise (INT8 with per-token scales, batch-invariant, CPU), int8 (ORT dynamic quantization: "
+        "faster, but a row's outputs move with its batch, CPU), fp16 (CUDA); default: all five",
     )
     parser.add_argument(
         "--max-seq-len",

@@ -24,6 +24,22 @@ INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 PRECISIONS = ("fp32", "fp16", "int8")
 DEVICES = ("cpu", "cuda", "any")
 DEFAULT_QA = {"doc_stride": 128, "max_query_len": 64, "max_answer_len": 30}
+# Whether a row's outputs are the same alone and in any batch (export checks it, /models states
+# it). ORT's dynamic INT8 takes one activation scale over the whole batch, padding included;
+# CUDA kernels may pick other algorithms by shape, so fp16 makes no promise.
+BATCH_INVARIANT = {"fp32": True, "fused": True, "int8-rowwise": True, "int8": False, "fp16": None}
+
+
+def batch_invariant(variant: str, device: str | None) -> bool | None:
+    """BATCH_INVARIANT as promised on `device`: the checks ran on ONNX Runtime's CPU kernels only."""
+    return BATCH_INVARIANT.get(variant) if device == "cpu" else None
+
+
+VARIANT_NOTES = {
+    "int8-rowwise": "INT8 with per-token activation scales: a row's outputs do not depend on its batch",
+    "int8": "ORT dynamic INT8, one activation scale per batch: faster, but a row's outputs move "
+    "slightly with what shares its batch",
+}
 
 
 class BundleError(ValueError):

@@ -22,7 +22,7 @@ from model.checkpoint import CheckpointError, resolve_checkpoint
 from processing.qa import window_capacity
 from processing.words import WORD_SPLITS
 
-from . import optimize, quantize
+from . import optimize, quantize, quantize_rowwise
 from .bundle import (
     DEFAULT_QA,
     FORMAT_VERSION,
@@ -32,26 +32,31 @@ from .bundle import (
     task_io,
     write_manifest,
 )
+from .invariance import batch_invariance
 from .onnx_export import DEFAULT_OPSET, ExportError, OnnxHead, export_onnx, load_head
 from .verify import (
     FP32_TOLERANCE,
     VerificationError,
     compare_variant,
+    make_session,
     random_eval_batches,
     require_passed,
+    run_session,
     run_torch,
     verification_cases,
 )
 
-VARIANTS = ("fp32", "fused", "int8", "fp16")
+VARIANTS = ("fp32", "fused", "int8", "int8-rowwise", "fp16")
 FILES = {
     "fp32": "model.onnx",
     "fused": "model_fused.onnx",
     "int8": "model_int8.onnx",
+    "int8-rowwise": "model_int8_rowwise.onnx",
     "fp16": "model_fp16.onnx",
 }
-PRECISION = {"fp32": "fp32", "fused": "fp32", "int8": "int8", "fp16": "fp16"}
-DEVICE = {"fp32": "any", "fused": "any", "int8": "cpu", "fp16": "cuda"}
+PRECISION = {"fp32": "fp32", "fused": "fp32", "int8": "int8", "int8-rowwise": "int8", "fp16": "fp16"}
+DEVICE = {"fp32": "any", "fused": "any", "int8": "cpu", "int8-rowwise": "cpu", "fp16": "cuda"}
+INT8_VARIANTS = ("int8-rowwise", "int8")
 # The fused kernels reorder float sums (Attention, SkipLayerNorm) but stay fp32.
 FUSED_TOLERANCE = 1e-4
 # fp16 keeps ~3 significant digits; the bound is relative to the largest reference logit.
@@ -220,10 +225,12 @@ def export_bundle(
     try:
         run = _Run(task, config, stage, set(variants), log)
         run.fp32(model, opset, max_seq_len)
-        if run.wanted & {"fused", "int8", "fp16"}:
+        if run.wanted & {"fused", "int8", "int8-rowwise", "fp16"}:
             run.fused()
-        if "int8" in run.wanted:
-            run.int8(eval_batches, metric_fn, max_seq_len)
+        for variant in INT8_VARIANTS:
+            if variant in run.wanted:
+                run.int8(variant, eval_batches, metric_fn, max_seq_len)
+        run.drop_cpu_source()
         if "fp16" in run.wanted:
             run.fp16()
         run.drop_unwanted()
@@ -287,6 +294,7 @@ class _Run:
         self.quantization: dict[str, Any] = {}
         self.base = "fp32"  # the graph int8 / fp16 start from
         self.disabled_optimizers: dict[str, list[str]] = {}  # per variant, for its sessions
+        self.cpu_source_report: dict[str, Any] = {}
 
     def fp32(self, model, opset: int, max_seq_len: int) -> None:
         self.log(f"exporting {self.task} head to ONNX (opset {opset}, TorchScript exporter)")
@@ -297,6 +305,7 @@ class _Run:
         self.references = [run_torch(wrapper, names, case.feeds) for case in self.cases]
         self.verification["fp32"] = self._compare("fp32", FP32_TOLERANCE)
         require_passed("fp32", self.verification["fp32"])
+        self._check_invariance("fp32", required=False)
         worst = self.verification["fp32"]["max_abs_diff"]
         self.log(f"fp32 parity ok: max abs diff {worst:.2e} over {len(self.cases)} shapes")
 
@@ -312,6 +321,7 @@ class _Run:
             self.optimization = optimize.fuse(self.paths["fp32"], self.paths["fused"], self.config)
             self.verification["fused"] = self._compare("fused", FUSED_TOLERANCE)
             require_passed("fused", self.verification["fused"])
+            self._check_invariance("fused", required=False)
         except Exception as e:
             if "fused" in self.wanted:
                 raise
@@ -326,47 +336,81 @@ class _Run:
             f"{self.verification['fused']['max_abs_diff']:.2e}"
         )
 
-    def int8(self, eval_batches, metric_fn, max_seq_len: int) -> None:
-        graph = self.paths[self.base]
-        cpu_graph = None
-        if self.base == "fused":
-            # The int8 graph runs on CPU only: fused as usual but for SkipLayerNormalization.
-            graph = cpu_graph = self.paths["int8"].with_name("int8_source.onnx")
-            cpu_graph_report = optimize.fuse(self.paths["fp32"], graph, self.config, skip_layer_norm=False)
-            self.disabled_optimizers["int8"] = list(optimize.CPU_DISABLED_OPTIMIZERS)
-        self.log(f"int8 dynamic quantization of the {self.base} graph")
-        self.quantization = quantize.quantize_int8(graph, self.paths["int8"])
-        if cpu_graph is not None:
-            cpu_graph.unlink()
-            self.quantization["source"] = f"{FILES['fused']} without SkipLayerNormalization"
-            self.quantization["source_graph"] = {
-                "fused_operator_counts": cpu_graph_report["fused_operator_counts"],
+    def cpu_source(self) -> Path:
+        """The graph the int8 variants start from, built once: the fused graph as usual but for
+        SkipLayerNormalization, since they run on CPU only (SKIP_LAYER_NORM_NOTE)."""
+        if self.base != "fused":
+            return self.paths[self.base]
+        graph = self.paths["int8"].with_name("int8_source.onnx")
+        if not graph.exists():
+            report = optimize.fuse(self.paths["fp32"], graph, self.config, skip_layer_norm=False)
+            self.cpu_source_report = {
+                "fused_operator_counts": report["fused_operator_counts"],
                 "note": optimize.SKIP_LAYER_NORM_NOTE,
-                "disabled_optimizers": self.disabled_optimizers["int8"],
+                "disabled_optimizers": list(optimize.CPU_DISABLED_OPTIMIZERS),
             }
+        return graph
+
+    def drop_cpu_source(self) -> None:
+        self.paths["int8"].with_name("int8_source.onnx").unlink(missing_ok=True)
+
+    def int8(self, variant: str, eval_batches, metric_fn, max_seq_len: int) -> None:
+        """Quantize `variant` ("int8": ORT dynamic; "int8-rowwise": per-token scales), check its
+        shapes and batch invariance, and measure what it costs against fp32."""
+        graph = self.cpu_source()
+        if self.base == "fused":
+            self.disabled_optimizers[variant] = list(optimize.CPU_DISABLED_OPTIMIZERS)
+        self.log(f"{variant} quantization of the {self.base} graph")
+        if variant == "int8":
+            report = quantize.quantize_int8(graph, self.paths[variant])
+        else:
+            report = quantize_rowwise.quantize_rowwise(graph, self.paths[variant])
+        if self.base == "fused":
+            report["source"] = f"{FILES['fused']} without SkipLayerNormalization"
+            report["source_graph"] = self.cpu_source_report
         # Shape coverage for int8 too; its accuracy is judged on eval features below.
-        self.verification["int8"] = self._compare("int8", None)
-        self.verification["int8"]["note"] = "informational: int8 accuracy is in the quantization report"
+        self.verification[variant] = self._compare(variant, None)
+        self.verification[variant]["note"] = "informational: int8 accuracy is in the quantization report"
         if eval_batches is not None:
             source, batches = "caller eval_batches", eval_batches
         else:
             source = "random tokens (no eval_batches given)"
             batches = random_eval_batches(self.task, self.config.vocab_size, max_seq_len)
+        self._check_invariance(variant, required=variant == "int8-rowwise")
         acc = quantize.measure(
             self.task,
             self.paths["fp32"],
-            self.paths["int8"],
+            self.paths[variant],
             batches,
             source,
             metric_fn,
-            self.disabled_optimizers.get("int8"),
+            self.disabled_optimizers.get(variant),
         )
-        self.quantization["accuracy_vs_fp32"] = acc
+        report["accuracy_vs_fp32"] = acc
+        # "int8" keeps the report's original place; the other variants get a key of their own.
+        if variant == "int8":
+            self.quantization.update(report)
+        else:
+            self.quantization[variant] = report
         rate = "n/a" if acc["argmax_agreement"] is None else f"{acc['argmax_agreement']:.1%}"
         self.log(
-            f"int8 vs fp32 on {source}: argmax agreement {rate} of {acc['decisions_compared']} "
+            f"{variant} vs fp32 on {source}: argmax agreement {rate} of {acc['decisions_compared']} "
             f"decisions, max |diff| {acc['max_abs_diff']:.3g}, mean {acc['mean_abs_diff']:.3g}"
         )
+
+    def _check_invariance(self, variant: str, required: bool) -> None:
+        """Each right-padded verification row alone against inside its batch."""
+        disabled = self.disabled_optimizers.get(variant, ())
+        session = make_session(self.paths[variant], disabled_optimizers=disabled)
+        padded = [case.feeds for case in self.cases if "left_padded" not in case.name]
+        report = batch_invariance(self.task, lambda feeds: run_session(session, feeds), padded)
+        self.verification[variant]["batch_invariance"] = report
+        self.log(f"{variant}: row alone vs in its batch, max |diff| {report['max_abs_diff']:.3g}")
+        if required and not report["invariant"]:
+            raise VerificationError(
+                f"{variant} is meant to be batch-invariant, but a row alone and the same row in a padded "
+                f"batch differ by {report['max_abs_diff']:.3g} > {report['tolerance']:g}"
+            )
 
     def fp16(self) -> None:
         self.log(f"fp16 conversion of the {self.base} graph")

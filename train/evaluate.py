@@ -135,9 +135,13 @@ def evaluate_bundle(
     label_names: dict[str, str] | None = None,
     threads: int = 2,
     eval_batch_size: int = 32,
+    onnx_file: Path | None = None,
+    disabled_optimizers: list[str] | None = None,
 ) -> dict:
     """A bundle's variant on ONNX Runtime, through the trainer's evaluation loop. Features follow the
-    training run's options, else the manifest (what the service uses)."""
+    training run's options, else the manifest (what the service uses). `onnx_file` (and its
+    `disabled_optimizers`) scores another graph of the same model, e.g. a quantization candidate,
+    with the bundle's tokenizer and settings."""
     from export.bundle import DEFAULT_QA, load_bundle_manifest
     from processing.tokenizer import TextTokenizer
 
@@ -158,7 +162,9 @@ def evaluate_bundle(
     if manifest.problem_type == "regression":
         labels = ["regression"]
     info = manifest.variants[variant]
-    head = OrtHead(bundle / info.file, threads, info.disabled_optimizers)
+    if onnx_file is None:
+        onnx_file, disabled_optimizers = bundle / info.file, info.disabled_optimizers
+    head = OrtHead(onnx_file, threads, disabled_optimizers or [])
     started = time.perf_counter()
     metrics = run_evaluation(head, task, examples, labels, eval_batch_size)
     metrics["seconds"] = time.perf_counter() - started

@@ -148,7 +148,8 @@ async def test_health_models_and_metrics(models_dir):
         models = {m["task"]: m for m in (await client.get("/models")).json()["models"]}
         assert set(models) == {"classify", "ner", "multiple-choice", "qa"}
         for m in models.values():
-            assert m["status"] == "ready" and m["variant"] == "int8" and m["precision"] == "int8"
+            assert m["status"] == "ready" and m["variant"] == "int8-rowwise" and m["precision"] == "int8"
+            assert m["batch_invariant"] is True and "per-token" in m["variant_note"]
             assert m["execution_provider"] == "CPUExecutionProvider" and m["device"] == "cpu"
             assert m["max_seq_len"] == MAX_SEQ_LEN and m["limits"]["max_batch_size"] == 32
         assert models["ner"]["labels"][0] == "O"
@@ -172,4 +173,9 @@ async def test_cpu_variant_setting_picks_the_variant(models_dir):
     async with serving(models_dir, cpu_variant="fp32") as (_, client):
         variants = {m["variant"] for m in (await client.get("/models")).json()["models"]}
         assert variants == {"fp32"}
+        assert (await client.post("/classify", json={"text": TEXT})).status_code == 200
+    async with serving(models_dir, cpu_variant="int8") as (_, client):  # the opt-in, batch-dependent one
+        models = (await client.get("/models")).json()["models"]
+        assert {(m["variant"], m["batch_invariant"]) for m in models} == {("int8", False)}
+        assert all("one activation scale per batch" in m["variant_note"] for m in models)
         assert (await client.post("/classify", json={"text": TEXT})).status_code == 200

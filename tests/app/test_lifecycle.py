@@ -45,7 +45,7 @@ async def test_ready_only_after_load_and_warm_up(models_dir, monkeypatch):
 
 def damage(bundle_dir, how: str) -> str:
     """Break one bundle; returns a phrase the error must contain."""
-    model = bundle_dir / "model_int8.onnx"
+    model = bundle_dir / "model_int8_rowwise.onnx"
     if how == "tampered":
         data = bytearray(model.read_bytes())
         data[len(data) // 2] ^= 0xFF
@@ -86,6 +86,19 @@ async def test_damaged_bundle_is_never_served(make_models_dir, how, caplog):
         assert models_info["qa"]["status"] == "failed" and phrase in models_info["qa"]["error"]
     lines = [r for r in caplog.records if r.getMessage() == "bundle failed to load and will not be served"]
     assert len(lines) == 1 and phrase in lines[0].error and lines[0].bundle == "qa"
+
+
+async def test_a_variant_that_breaks_its_batch_invariance_promise_is_not_served(models_dir, monkeypatch):
+    # As if this machine's kernels made int8 (dynamic, batch-dependent) claim invariance: warm-up
+    # compares a short row alone and padded next to the longest one, and refuses the bundle.
+    import export.bundle
+
+    monkeypatch.setitem(export.bundle.BATCH_INVARIANT, "int8", True)
+    async with serving(models_dir, ready=False, cpu_variant="int8") as (_, client):
+        await wait_ready(client)
+        r = await client.get("/ready")
+        assert r.status_code == 503 and r.json()["status"] == "failed"
+        assert "should give a row the same outputs alone and in a batch" in r.json()["errors"]["qa"]
 
 
 async def expect_config_error(models_dir, match: str, **overrides) -> None:

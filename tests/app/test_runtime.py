@@ -19,7 +19,7 @@ from app.runtime import (
     session_threads,
 )
 
-ALL_VARIANTS = {"fp32": 1, "fused": 1, "int8": 1, "fp16": 1}
+ALL_VARIANTS = {"fp32": 1, "fused": 1, "int8": 1, "int8-rowwise": 1, "fp16": 1}
 
 
 def test_resolve_device():
@@ -35,12 +35,14 @@ def test_resolve_device():
 
 def test_choose_variant():
     assert choose_variant("cuda", ALL_VARIANTS) == "fp16"
-    assert choose_variant("cpu", ALL_VARIANTS) == "int8"
+    assert choose_variant("cpu", ALL_VARIANTS) == "int8-rowwise"  # batch-invariant by default
+    assert choose_variant("cpu", ALL_VARIANTS, cpu_variant="int8") == "int8"  # the opt-in
     assert choose_variant("cpu", ALL_VARIANTS, cpu_variant="fused") == "fused"
     assert choose_variant("cpu", ALL_VARIANTS, cpu_variant="fp32") == "fp32"
     # Missing preferred variants fall back in a fixed order (and log a warning).
     assert choose_variant("cuda", {"fp32": 1, "int8": 1}) == "fp32"
     assert choose_variant("cpu", {"fp32": 1, "fused": 1}) == "fused"
+    assert choose_variant("cpu", {"fp32": 1, "int8": 1}) == "int8"  # a bundle from before int8-rowwise
     with pytest.raises(RuntimeConfigError, match="none of"):
         choose_variant("cuda", {"int8": 1})  # int8 (MatMulInteger) is a CPU-only variant
 

@@ -25,7 +25,10 @@ def tiny_bundles(tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("bench-bundles")
     return {
         task: export_bundle(
-            tiny_checkpoints[task], root / task, variants=("fp32", "fused", "int8"), max_seq_len=MAX_SEQ_LEN
+            tiny_checkpoints[task],
+            root / task,
+            variants=("fp32", "fused", "int8", "int8-rowwise"),
+            max_seq_len=MAX_SEQ_LEN,
         )
         for task in ("classify", "qa")
     }

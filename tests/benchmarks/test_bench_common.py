@@ -113,7 +113,7 @@ def test_committed_results_hold_no_machine_paths():
 
 
 # Still edit sys.path while branch issue20 changes them; drop them from this set after its merge.
-PENDING_SYS_PATH = {"int8_accuracy.py", "scaling.py", "service_bench.py"}
+PENDING_SYS_PATH: set[str] = set()
 
 
 def test_benchmarks_are_a_package_without_sys_path_edits():

@@ -38,6 +38,13 @@ def test_targets_from_hand_numbers():
     assert t["c1_overhead_mean"]["allowed_ms"] == 13.1 and not t["c1_overhead_mean"]["passed"]  # 14 > 13.1
     entry["servers"]["ours"]["levels"][1]["throughput_rps"] = 150.0
     assert not service_bench.targets(entry)["c32_throughput_vs_model_batched"]["passed"]  # 0.79
+    # Against the plain ORT server: at least equal at c=1, twice its throughput at c=32.
+    entry["servers"]["ort"] = {"levels": [level(1, 50.0, 12.0, 14.0), level(32, 80.0, 300.0, 320.0)]}
+    t = service_bench.targets(entry)
+    assert t["c1_throughput_vs_plain_ort"]["ratio"] == 1.0 and t["c1_throughput_vs_plain_ort"]["passed"]
+    assert (
+        t["c32_throughput_vs_plain_ort"]["ratio"] == 1.88 and not t["c32_throughput_vs_plain_ort"]["passed"]
+    )
 
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(60)"
@@ -96,7 +103,7 @@ def test_batched_reference_runs_instances_side_by_side(tiny_bundles):
     assert batched["by_batch_size"][2]["passes"] >= 2 and batched["requests_per_s"] > 0
 
 
-def test_both_real_servers_under_load(tiny_checkpoints, tiny_bundles, tmp_path):
+def test_all_three_real_servers_under_load(tiny_checkpoints, tiny_bundles, tmp_path):
     out = tmp_path / "results"
     code = service_bench.main([
         "--quick", "--endpoints", "classify", "--concurrency", "1,2", "--duration", "0.5", "--warmup", "0.2",
@@ -107,7 +114,8 @@ def test_both_real_servers_under_load(tiny_checkpoints, tiny_bundles, tmp_path):
     assert code == 0
     report = json.loads((out / "service_quick.json").read_text())
     entry = report["endpoints"]["classify"]
-    assert set(entry["servers"]) == {"ours", "pipeline"}
+    assert set(entry["servers"]) == {"ours", "ort", "pipeline"}
+    assert entry["servers"]["ort"]["models"]["variant"] == "int8-rowwise"  # the file ours serves
     assert entry["servers"]["ours"]["models"]  # our /models answered: the real app served it
     for server in entry["servers"].values():
         assert [r["concurrency"] for r in server["levels"]] == [1, 2]
@@ -116,7 +124,8 @@ def test_both_real_servers_under_load(tiny_checkpoints, tiny_bundles, tmp_path):
             assert row["cpu_seconds_per_1000_requests"] > 0
             assert row["latency_ms"]["p50"] <= row["latency_ms"]["p99"]
     assert entry["model_only"]["single_request"]["p50_ms"] > 0
-    assert set(entry["targets"]) == {"c1_overhead_p50", "c1_overhead_mean"}  # no c=32 level in this run
+    # No c=32 level in this run.
+    assert set(entry["targets"]) == {"c1_overhead_p50", "c1_overhead_mean", "c1_throughput_vs_plain_ort"}
     assert report["machine"]["versions"]["fastapi"]
     assert (out / "service_quick.png").stat().st_size > 1000
     assert "| pipeline | 2 |" in (out / "service_quick.md").read_text()

@@ -18,7 +18,7 @@ FAILED_LINE = "bundle failed to load and will not be served"
 
 def damage(bundle_dir, how: str) -> str:
     """Break the bundle's int8 model (the variant served on CPU); returns a phrase the error must contain."""
-    model = bundle_dir / "model_int8.onnx"
+    model = bundle_dir / "model_int8_rowwise.onnx"
     if how == "missing":
         model.unlink()
         return "is missing"
@@ -48,7 +48,8 @@ def test_damaged_model_files_fail_readiness_with_a_clear_log_line(make_models_di
         assert ready.status_code == 503 and ready.json()["status"] == "failed", ready.text
         for task, phrase in phrases.items():
             assert (
-                phrase in ready.json()["errors"][task] and "model_int8.onnx" in ready.json()["errors"][task]
+                phrase in ready.json()["errors"][task]
+                and "model_int8_rowwise.onnx" in ready.json()["errors"][task]
             )
         unavailable = httpx.post(f"{server.url}/classify", json={"text": "good"}, timeout=5)
         assert unavailable.status_code == 503 and unavailable.json()["error"] == "model_unavailable"
@@ -60,7 +61,7 @@ def test_damaged_model_files_fail_readiness_with_a_clear_log_line(make_models_di
     assert sorted(r["bundle"] for r in lines) == sorted(damaged), server.log_text()
     for record in lines:
         assert record["level"] == "ERROR" and phrases[record["bundle"]] in record["error"]
-        assert "model_int8.onnx" in record["error"] and record["path"].endswith(record["bundle"])
+        assert "model_int8_rowwise.onnx" in record["error"] and record["path"].endswith(record["bundle"])
     assert "Traceback" not in server.log_text()
 
 

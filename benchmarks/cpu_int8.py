@@ -1,0 +1,542 @@
+"""CPU inference candidates side by side, in one run: speed, batch invariance, accuracy, profile.
+
+    python benchmarks/cpu_int8.py                 # .cache/bundles/sst2-minilm, full run
+    python benchmarks/cpu_int8.py --quick         # smoke run
+
+Candidates, all on the classify default's weights:
+- `fused`: fp32 ONNX Runtime with the transformer fusions (the fp32 reference);
+- `int8`: ORT dynamic quantization, one activation scale per tensor over the whole batch (what
+  the service served before `int8-rowwise`; now the opt-in `CPU_VARIANT=int8`);
+- `int8-rowwise`: per-token activation scales (export/quantize_rowwise.py), the default;
+- `qdq-static-u8`: ORT static quantization, QDQ MatMuls with u8 activations and per-channel s8
+  weights, MinMax-calibrated on SST-2 training sentences (none from the validation slice);
+- the OpenVINO execution provider on the fp32 graph (f32 and bf16 precision hints) and the QDQ
+  graph, with `--openvino-python` (an interpreter with `onnxruntime-openvino`, which cannot share
+  a venv with the service's onnxruntime; benchmarks/openvino_worker.py, run in the same
+  benchmark after the others); a session that fell back to the CPU EP, or whose decisions
+  disagree with fp32 on the probe sentences, is reported instead of timed.
+
+Latency: median ms over full-length random rows at (1, 128), (1, 384) and (32, 128), 1 and 2
+threads, candidates timed round-robin so that a busy machine slows them alike (compare ratios);
+BERT-base shape with random weights at (1, 128). Invariance: SST-2 validation sentences of
+different lengths, each alone against inside one padded batch. Accuracy: SST-2 validation
+accuracy batched (32) and one sentence at a time (benchmarks/int8_accuracy.py has all four tasks
+for the bundle variants). Profile: ONNX Runtime's per-operator profile of `int8-rowwise` at
+(1, 128), one thread, against the FLOP floor of benchmarks/scaling.py.
+Writes benchmarks/results/cpu_int8{,_quick}.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import bench_common as common
+from benchmarks import scaling
+from export.invariance import batch_invariance
+from export.optimize import CPU_DISABLED_OPTIMIZERS
+from export.verify import run_session
+
+SHAPES = ((1, 128), (1, 384), (32, 128))
+QUICK_SHAPES = ((1, 128), (4, 64))
+THREADS = (1, 2)
+BUNDLE_VARIANTS = ("fused", "int8", "int8-rowwise")
+
+
+class Candidate:
+    def __init__(self, name: str, path: Path, disabled: list[str] | None = None):
+        self.name, self.path, self.disabled = name, path, disabled or []
+
+    def session(self, threads: int):
+        from export.verify import make_session
+
+        return make_session(self.path, threads, self.disabled)
+
+
+def calibration_batches(bundle: Path, data: Path, count: int) -> list[dict[str, np.ndarray]]:
+    """SST-2 training sentences (the recipe's training side, never its validation slice), one per batch."""
+    from finetune import recipes
+    from model.splits import split_examples
+    from model.train import build_parser, data_options
+
+    from processing.padding import pad_batch
+    from processing.tokenizer import TextTokenizer
+
+    argv = recipes(data)["sst2"]["data"]
+    train, _ = split_examples(data_options(build_parser().parse_args([*argv, "--out", "unused"])))
+    tokenizer = TextTokenizer.from_dir(bundle)
+    rng = np.random.default_rng(0)
+    picked = rng.choice(len(train), size=min(count, len(train)), replace=False)
+    return [pad_batch([tokenizer.encode(train[i].text, max_length=128)]) for i in picked]
+
+
+def quantize_static_qdq(fp32: Path, out: Path, batches: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.items = iter(batches)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    prepared = out.with_name("qdq_prepared.onnx")
+    # Symbolic shape inference fails on this graph ("Incomplete symbolic shape inference").
+    quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
+    quantize_static(
+        str(prepared),
+        str(out),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        op_types_to_quantize=["MatMul"],
+        calibrate_method=CalibrationMethod.MinMax,
+    )
+    prepared.unlink()
+    return {"calibration_sentences": len(batches), "method": "MinMax", "ops": "MatMul", "format": "QDQ"}
+
+
+def candidates(bundle: Path, work: Path, data: Path, calibration: int) -> tuple[list[Candidate], dict]:
+    from export.bundle import load_bundle_manifest
+
+    manifest = load_bundle_manifest(bundle)
+    out = [
+        Candidate(v, bundle / manifest.variants[v].file, manifest.variants[v].disabled_optimizers)
+        for v in BUNDLE_VARIANTS
+        if v in manifest.variants
+    ]
+    notes: dict[str, Any] = {}
+    if data.exists():
+        qdq = work / "model_qdq_static_u8.onnx"
+        notes["qdq-static-u8"] = quantize_static_qdq(
+            bundle / manifest.variants["fp32"].file, qdq, calibration_batches(bundle, data, calibration)
+        )
+        # Like the int8 variants, without ORT's slow CPU SkipLayerNormalization (export/optimize.py).
+        out.append(Candidate("qdq-static-u8", qdq, list(CPU_DISABLED_OPTIMIZERS)))
+    else:
+        notes["qdq-static-u8"] = f"skipped: {data} (calibration data) is absent"
+    return out, notes
+
+
+def openvino(python: str, fp32: Path, qdq: Path | None, reference: dict, work: Path, args) -> dict[str, Any]:
+    """benchmarks/openvino_worker.py in `python`: the OpenVINO EP on the fp32 and QDQ graphs."""
+    import subprocess
+
+    probe = work / "probe.npz"
+    np.savez(probe, **reference["feeds"], logits=reference["logits"])
+    models = [f"openvino-fp32={fp32}", f"openvino-bf16-hint={fp32}:BF16"]
+    models += [f"openvino-qdq-u8={qdq}"] if qdq is not None else []
+    command = [python, str(common.ROOT / "benchmarks" / "openvino_worker.py"), "--probe", str(probe)]
+    for spec in models:
+        command += ["--model", spec]
+    command += ["--shapes", ",".join(f"{b}x{q}" for b, q in args.shapes)]
+    command += ["--runs", str(args.runs), "--budget-s", str(args.budget_s)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def checked_sessions(cands: list[Candidate], threads: int, reference: dict) -> dict[str, Any]:
+    """Sessions whose logits agree with fp32 on a probe (a silent fallback or a broken provider
+    path must not be timed as if it worked)."""
+    sessions, errors = {}, {}
+    for c in cands:
+        try:
+            session = c.session(threads)
+            got = run_session(session, reference["feeds"])["logits"]
+            agree = float((got.argmax(-1) == reference["logits"].argmax(-1)).mean())
+            if agree < 0.9 or not np.isfinite(got).all():
+                raise RuntimeError(f"only {agree:.0%} of fp32's decisions on the probe sentences")
+            sessions[c.name] = session
+        except Exception as e:  # noqa: BLE001 - a failing candidate is reported, not fatal
+            errors[c.name] = f"{type(e).__name__}: {str(e)[:300]}"
+    return {"sessions": sessions, "errors": errors}
+
+
+def latency(
+    cands: list[Candidate], shapes, threads_list, runs: int, budget_s: float, reference, vocab: int = 30522
+) -> list[dict]:
+    rows = []
+    for threads in threads_list:
+        checked = checked_sessions(cands, threads, reference)
+        for name, error in checked["errors"].items():
+            rows.append({"candidate": name, "threads": threads, "error": error})
+        sessions = checked["sessions"]
+        for batch, seq in shapes if sessions else ():
+            feeds = scaling.feeds(batch, seq, vocab)
+            for session in sessions.values():
+                session.run(None, feeds)  # warm-up
+            times: dict[str, list[float]] = {name: [] for name in sessions}
+            deadline = time.perf_counter() + budget_s
+            while min(len(t) for t in times.values()) < runs and (
+                min(len(t) for t in times.values()) < 3 or time.perf_counter() < deadline
+            ):
+                for name, session in sessions.items():  # round-robin: load changes hit all alike
+                    started = time.perf_counter()
+                    session.run(None, feeds)
+                    times[name].append(time.perf_counter() - started)
+            for name, t in times.items():
+                rows.append(
+                    {
+                        "candidate": name,
+                        "threads": threads,
+                        "batch": batch,
+                        "seq": seq,
+                        "median_ms": round(statistics.median(t) * 1e3, 3),
+                        "runs": len(t),
+                    }
+                )
+                print(
+                    f"  {name:16s} threads {threads} ({batch},{seq}): {rows[-1]['median_ms']} ms", flush=True
+                )
+    return rows
+
+
+def invariance_and_accuracy(cands: list[Candidate], bundle: Path, data: Path, quick: bool) -> dict[str, Any]:
+    from finetune import recipes
+    from model.evaluate import evaluate_bundle, select_examples
+
+    from processing.padding import pad_batch
+    from processing.tokenizer import TextTokenizer
+
+    out: dict[str, Any] = {}
+    if not data.exists():
+        return {"skipped": f"{data} is absent"}
+    recipe = recipes(data)["sst2"]
+    task, examples = select_examples(recipe["data"])
+    tokenizer = TextTokenizer.from_dir(bundle)
+    by_length = sorted(examples[:400], key=lambda e: len(e.text))
+    mixed = [by_length[i] for i in np.linspace(0, len(by_length) - 1, 12).astype(int)]
+    batch = pad_batch([tokenizer.encode(e.text, max_length=64) for e in mixed])
+    if quick:
+        examples = examples[:64]
+    for c in cands:
+        try:
+            session = c.session(2)
+        except Exception as e:  # noqa: BLE001
+            out[c.name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            continue
+        line = {"invariance": batch_invariance("classify", lambda f, s=session: run_session(s, f), [batch])}
+        for mode, size in (("batched", 32), ("single", 1)):
+            metrics = evaluate_bundle(
+                bundle,
+                "fp32",
+                task,
+                examples,
+                recipe["data"],
+                label_names=recipe.get("label_names"),
+                eval_batch_size=size,
+                onnx_file=c.path,
+                disabled_optimizers=c.disabled,
+            )
+            line[mode] = metrics["accuracy"]
+        out[c.name] = line
+        print(f"  {c.name}: {json.dumps(line)}", flush=True)
+    out["examples"] = len(examples)
+    out["invariance_batch_lengths"] = batch["attention_mask"].sum(1).tolist()
+    return out
+
+
+def bert_base(work: Path, quick: bool) -> dict[str, Candidate]:
+    """BERT-base shape (random weights) exported with the bundle variants."""
+    from benchmarks.export_latency import bert_base_random
+    from export import export_bundle
+
+    layers = 2 if quick else 12
+    checkpoint, bundle = work / f"bert-base-{layers}l", work / f"bert-base-{layers}l-bundle"
+    if not (bundle / "bundle.json").exists():
+        bert_base_random(checkpoint, layers)
+        export_bundle(
+            checkpoint, bundle, variants=("fp32", *BUNDLE_VARIANTS), max_seq_len=128, overwrite=True
+        )
+    from export.bundle import load_bundle_manifest
+
+    manifest = load_bundle_manifest(bundle)
+    return {
+        v: Candidate(
+            f"bert-base {v}", bundle / manifest.variants[v].file, manifest.variants[v].disabled_optimizers
+        )
+        for v in BUNDLE_VARIANTS
+    }
+
+
+def profile(c: Candidate, batch: int, seq: int, runs: int, vocab: int = 30522) -> dict[str, Any]:
+    """ONNX Runtime's per-node profile, summed by operator type (us per run)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.enable_profiling = True
+    options.log_severity_level = 3
+    extra = {"disabled_optimizers": c.disabled} if c.disabled else {}
+    session = ort.InferenceSession(str(c.path), options, providers=["CPUExecutionProvider"], **extra)
+    feeds = scaling.feeds(batch, seq, vocab)
+    for _ in range(runs):
+        session.run(None, feeds)
+    trace = Path(session.end_profiling())
+    events = json.loads(trace.read_text())
+    trace.unlink()
+    per_op: dict[str, float] = collections.defaultdict(float)
+    nodes: collections.Counter = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per_op[e["args"]["op_name"]] += e["dur"]
+            nodes[e["args"]["op_name"]] += 1
+    total = sum(per_op.values()) / runs
+    return {
+        "candidate": c.name,
+        "shape": [batch, seq],
+        "threads": 1,
+        "runs": runs,
+        "total_node_us": round(total, 1),
+        "by_op": {
+            op: {"us": round(us / runs, 1), "share": round(us / runs / total, 4), "nodes": nodes[op] // runs}
+            for op, us in sorted(per_op.items(), key=lambda kv: -kv[1])
+        },
+    }
+
+
+def probe(bundle: Path, data: Path, fused: Candidate) -> dict[str, Any]:
+    """Sentences and fp32 logits every candidate is checked against before it is timed."""
+    if data.exists():
+        rows = calibration_batches(bundle, data, 32)
+        longest = max(r["input_ids"].shape[1] for r in rows)
+        feeds = {
+            name: np.concatenate([np.pad(r[name], ((0, 0), (0, longest - r[name].shape[1]))) for r in rows])
+            for name in rows[0]
+        }
+    else:
+        feeds = scaling.feeds(8, 32)
+    return {"feeds": feeds, "logits": run_session(fused.session(1), feeds)["logits"]}
+
+
+def floor_ms(flops_args: dict[str, int], peak: dict[str, float], batch: int, seq: int) -> dict[str, float]:
+    flops = scaling.bert_flops(seq, batch=batch, **flops_args)
+    return {
+        "fp32_ms": round(scaling.floor_seconds(flops, "fp32", peak) * 1e3, 3),
+        "int8_ms": round(scaling.floor_seconds(flops, "int8", peak) * 1e3, 3),
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    lines = [
+        "# CPU inference candidates (MiniLM classify default)",
+        "",
+        f"Generated {report['created_at']} by `{s['command']}`.",
+        "",
+        f"- Machine: {common.machine_line(report['machine'])}",
+        f"- Load average at start / end: {report['load_average']['start']} / {report['load_average']['end']} "
+        "(2 cores; other engineers' jobs shared them: compare ratios within this run)",
+        "- Candidates timed round-robin, medians of full-length random rows.",
+        "",
+        "## Latency (median ms) and ratio to `int8` (ORT dynamic)",
+        "",
+    ]
+    rows = [r for r in report["latency"] if "median_ms" in r]
+    shapes = sorted({(r["batch"], r["seq"]) for r in rows})
+    names = list(dict.fromkeys(r["candidate"] for r in rows))
+    header = "| candidate | threads | " + " | ".join(f"({b},{q})" for b, q in shapes) + " |"
+    lines += [header, "|---|---:|" + "---:|" * len(shapes)]
+    for threads in sorted({r["threads"] for r in rows}):
+        by = {(r["candidate"], r["batch"], r["seq"]): r["median_ms"] for r in rows if r["threads"] == threads}
+        for name in names:
+            cells = []
+            for b, q in shapes:
+                ms, base = by.get((name, b, q)), by.get(("int8", b, q)) or by.get(("bert-base int8", b, q))
+                ref = by.get(("bert-base int8", b, q)) if name.startswith("bert-base") else base
+                cells.append("—" if ms is None else f"{ms:.2f}" + (f" ({ms / ref:.2f}×)" if ref else ""))
+            if any(c != "—" for c in cells):
+                lines.append(f"| {name} | {threads} | " + " | ".join(cells) + " |")
+    for r in report["latency"]:
+        if "error" in r:
+            lines.append(f"\n- {r['candidate']} ({r['threads']} threads) not timed: {r['error']}")
+    acc = report["invariance_and_accuracy"]
+    lines += ["", "## Batch invariance and SST-2 validation accuracy", ""]
+    if "skipped" in acc:
+        lines.append(f"Skipped: {acc['skipped']}")
+    else:
+        lines += [
+            f"Invariance: {len(acc['invariance_batch_lengths'])} validation sentences of lengths "
+            f"{acc['invariance_batch_lengths']}, each alone vs inside one padded batch. Accuracy over "
+            f"{acc['examples']} validation sentences.",
+            "",
+            "| candidate | row alone vs in batch, max abs diff | accuracy batched (32) | one at a time |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, line in acc.items():
+            if not isinstance(line, dict):
+                continue
+            if "error" in line:
+                lines.append(f"| {name} | error: {line['error']} | | |")
+                continue
+            inv = line["invariance"]["max_abs_diff"]
+            cells = ["—" if line.get(m) is None else f"{line[m]:.4f}" for m in ("batched", "single")]
+            lines.append(f"| {name} | {inv:.3g} | {cells[0]} | {cells[1]} |")
+    p = report["profile"]
+    lines += [
+        "",
+        f"## Where `{p['candidate']}` spends its time: ({p['shape'][0]},{p['shape'][1]}), one thread",
+        "",
+        f"ONNX Runtime profile, {p['runs']} runs: {p['total_node_us'] / 1e3:.2f} ms of operator time "
+        "per run. "
+        f"FLOP floor at this CPU's measured peak (1 thread; {report['peak']['peak_gflops']}): "
+        f"{p['floor']['int8_ms']} ms with the weight matmuls at the int8 peak "
+        f"(fp32: {p['floor']['fp32_ms']} ms).",
+        "",
+        "| operator | µs / run | share | nodes |",
+        "|---|---:|---:|---:|",
+    ]
+    for op, r in p["by_op"].items():
+        lines.append(f"| {op} | {r['us']:.0f} | {r['share']:.1%} | {r['nodes']} |")
+    ov = report["notes"].get("openvino")
+    if isinstance(ov, dict) and "rows" in ov:
+        lines += [
+            "",
+            f"## OpenVINO execution provider (onnxruntime-openvino {ov['onnxruntime']}, own interpreter, "
+            "timed after the others: compare its ratios with care)",
+            "",
+            "| candidate | threads | decisions as fp32 | row alone vs in batch | latency ms by shape |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for r in ov["rows"]:
+            if "error" in r:
+                lines.append(f"| {r['candidate']} | {r['threads']} | not timed: {r['error']} | | |")
+                continue
+            ms = ", ".join(f"{k[:-3]}: {v}" for k, v in r.items() if k.endswith("_ms"))
+            lines.append(
+                f"| {r['candidate']} | {r['threads']} | {r['argmax_agreement']:.1%} | "
+                f"{r['invariance_max_abs_diff']:.3g} | {ms} |"
+            )
+    notes = {k: v for k, v in report["notes"].items() if not (k == "openvino" and isinstance(v, dict))}
+    lines += ["", "Notes: " + json.dumps(notes)]
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    plt = common.pyplot()
+    rows = [r for r in report["latency"] if "median_ms" in r and not r["candidate"].startswith("bert-base")]
+    shapes = sorted({(r["batch"], r["seq"]) for r in rows})
+    names = list(dict.fromkeys(r["candidate"] for r in rows))
+    threads_list = sorted({r["threads"] for r in rows})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4), squeeze=False)
+    for ax, (b, q) in zip(axes[0], shapes, strict=True):
+        width = 0.8 / max(1, len(threads_list))
+        for k, threads in enumerate(threads_list):
+            values = [
+                next(
+                    (
+                        r["median_ms"]
+                        for r in rows
+                        if (r["candidate"], r["threads"], r["batch"], r["seq"]) == (n, threads, b, q)
+                    ),
+                    np.nan,
+                )
+                for n in names
+            ]
+            ax.bar(np.arange(len(names)) + k * width, values, width, label=f"{threads} thread(s)")
+        ax.set_xticks(np.arange(len(names)) + width * (len(threads_list) - 1) / 2)
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"batch {b} x seq {q}")
+        ax.set_ylabel("median ms")
+        ax.legend(fontsize=8)
+    fig.suptitle("CPU candidates (round-robin timing, shared machine)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    from export.bundle import load_bundle_manifest
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--bundle", type=Path, default=common.default_bundle("classify"))
+    p.add_argument("--data", type=Path, default=common.ROOT.parent / "shared" / "data")
+    p.add_argument("--calibration", type=int, default=256, help="SST-2 training sentences to calibrate on")
+    p.add_argument("--runs", type=int, default=40)
+    p.add_argument("--budget-s", type=float, default=25.0, help="time per shape and thread count")
+    p.add_argument("--no-bert-base", action="store_true")
+    p.add_argument(
+        "--openvino-python", help="interpreter with onnxruntime-openvino for the OpenVINO EP candidates"
+    )
+    p.add_argument("--work-dir", type=Path, default=common.WORK / "cpu_int8")
+    p.add_argument("--out", type=Path, default=common.RESULTS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.runs, args.budget_s, args.calibration = 5, 2.0, 16
+    bundle = common.require_bundle(args.bundle, "classify")
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    cands, notes = candidates(bundle, args.work_dir, args.data, args.calibration)
+    reference = probe(bundle, args.data, cands[0])
+    shapes = args.shapes = QUICK_SHAPES if args.quick else SHAPES
+    print("latency", flush=True)
+    rows = latency(cands, shapes, THREADS, args.runs, args.budget_s, reference)
+    if not args.no_bert_base:
+        base = bert_base(args.work_dir, args.quick)
+        base_reference = {
+            "feeds": scaling.feeds(2, 32),
+            "logits": run_session(base["fused"].session(1), scaling.feeds(2, 32))["logits"],
+        }
+        rows += latency(list(base.values()), shapes[:1], THREADS, args.runs, args.budget_s, base_reference)
+    print("invariance and accuracy", flush=True)
+    quality = invariance_and_accuracy(cands, bundle, args.data, args.quick)
+    if args.openvino_python:
+        print("OpenVINO execution provider (benchmarks/openvino_worker.py)", flush=True)
+        qdq = next((c.path for c in cands if c.name == "qdq-static-u8"), None)
+        fp32 = bundle / load_bundle_manifest(bundle).variants["fp32"].file
+        notes["openvino"] = openvino(args.openvino_python, fp32, qdq, reference, args.work_dir, args)
+    else:
+        notes["openvino"] = "not measured: give --openvino-python (an interpreter with onnxruntime-openvino)"
+    chosen = next(c for c in cands if c.name == "int8-rowwise")
+    peak = scaling.measure_peak(1, [(128, 384, 1536), (128, 1536, 384)], args.runs, args.budget_s / 4)
+    prof = profile(chosen, 1, 128, args.runs)
+    sizes = {"hidden": 384, "layers": 6, "intermediate": 1536}
+    prof["floor"] = floor_ms(sizes, peak["peak_gflops"], 1, 128)
+    report = {
+        "created_at": common.now(),
+        "machine": common.machine_info(),
+        "load_average": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
+        "settings": {
+            "command": "python benchmarks/cpu_int8.py "
+            + " ".join(argv if argv is not None else sys.argv[1:]),
+            "bundle": str(bundle.relative_to(common.ROOT))
+            if bundle.is_relative_to(common.ROOT)
+            else bundle.name,
+            "runs": args.runs,
+            "budget_s": args.budget_s,
+        },
+        "notes": notes,
+        "latency": rows,
+        "invariance_and_accuracy": quality,
+        "peak": peak,
+        "profile": prof,
+    }
+    stem = "cpu_int8_quick" if args.quick else "cpu_int8"
+    common.write_results(args.out, stem, report, markdown(report), lambda path: plot(report, path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Batch-invariant INT8: every token's activations get their own quantization scale.
+
+ONNX Runtime's dynamic quantization takes one activation scale per tensor, over the whole
+batch (padding included), so a request's logits move with whatever shares its batch. This
+rewrite of the fused fp32 graph quantizes each token row on its own instead, with plain ONNX
+ops, so a row's outputs depend on that row alone:
+
+    scale_r = max|x_r| / 127                       (Abs, ReduceMax over the hidden axis)
+    q_r     = round(x_r / scale_r) + Z             (Div, per-tensor QuantizeLinear: uint8)
+    y_r     = ((q_r - Z) . W_q) * scale_w * scale_r
+              MatMulIntegerToFloat: exact int32 accumulation, per-column weight scales, and its
+              activation scale given per row ([..., 1]), which it applies to its output
+
+The zero point Z is a constant, because ONNX Runtime's integer matmuls take only one activation
+zero point per tensor; the per-row part lives in the scale, which multiplies the float result.
+Z is 128 (symmetric) except after GELU, whose outputs lie in [-0.17, max]: there Z = 32 and
+scale_r = max(max_r / 223, -min_r / 32), which gives the positive side 1.75x the codes.
+Weights are int8, symmetric, one scale per output column.
+Each attention block's Q, K and V projections become three such matmuls feeding
+MultiHeadAttention (scores, softmax and context stay fp32, as in QAttention). Embeddings,
+LayerNorm, GELU, the pooler and the classifier stay fp32. Bias adds stay outside the matmul:
+inside it they would be multiplied by the row scale.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MS_DOMAIN = "com.microsoft"
+ZERO_POINT = 128  # uint8 code of 0.0: symmetric activations on the u8 x s8 kernels
+QMAX = 127.0
+GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
+# Chosen on the defaults' validation data among 128 (symmetric), 16 and 32: benchmarks/cpu_int8.md.
+GELU_ZERO_POINT = 32
+TINY = 1e-30  # added to every scale: an all-zero row quantizes to zeros instead of 0 / 0
+TOOL = "export.quantize_rowwise: per-token symmetric uint8 activations, per-column symmetric int8 weights"
+BEHAVIOUR = "per-token activation scales: a row's outputs do not depend on what shares its batch"
+
+
+def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 codes and fp32 scales, one per output column, symmetric: weight ~= codes * scales."""
+    scales = (np.maximum(np.abs(weight).max(axis=0), TINY) / QMAX).astype(np.float32)
+    return np.clip(np.rint(weight / scales), -QMAX, QMAX).astype(np.int8), scales
+
+
+class _Rewriter:
+    def __init__(self, graph):
+        from onnx import numpy_helper
+
+        self.graph = graph
+        self.weights = {i.name: i for i in graph.initializer}
+        self.to_array = numpy_helper.to_array
+        self.new_initializers: list = []
+        self.nodes: list = []
+        self.quantized: dict[str, tuple[str, str, int]] = {}  # fp32 tensor -> (codes, row scales, zp)
+        self.producers = {out: node.op_type for node in graph.node for out in node.output}
+        self.constants: dict[str, str] = {}
+        self.counter: Counter = Counter()
+
+    def name(self, stem: str) -> str:
+        self.counter[stem] += 1
+        return f"rowwise/{stem}_{self.counter[stem]}"
+
+    def const(self, stem: str, value: Any, shared: bool = False) -> str:
+        from onnx import numpy_helper
+
+        if shared and stem in self.constants:
+            return self.constants[stem]
+        name = self.name(stem)
+        self.new_initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        if shared:
+            self.constants[stem] = name
+        return name
+
+    def node(self, op: str, inputs: list[str], stem: str, domain: str = "", **attrs) -> str:
+        from onnx import helper
+
+        out = self.name(stem)
+        self.nodes.append(helper.make_node(op, inputs, [out], name=out, domain=domain or None, **attrs))
+        return out
+
+    def constant_matrix(self, name: str) -> np.ndarray | None:
+        value = self.to_array(self.weights[name]) if name in self.weights else None
+        return value if value is not None and value.ndim == 2 and value.dtype == np.float32 else None
+
+    def quantize_rows(self, x: str) -> tuple[str, str, int]:
+        """uint8 codes of `x` [..., K], its scales [..., 1] (one per row) and its zero point; shared
+        by every consumer of `x`. x / scale goes through a per-tensor QuantizeLinear (scale 1): the
+        vectorized path, with no reshape to the 2-D layout a per-axis QuantizeLinear needs."""
+        if x in self.quantized:
+            return self.quantized[x]
+        if self.producers.get(x) in GELU_OPS:
+            # GELU outputs lie in [-0.17, max]: a low zero point gives the positive side more codes
+            # than a symmetric one. scale_r = max(max_r / (255 - Z), -min_r / Z): nothing clips.
+            zero_point = GELU_ZERO_POINT
+            high = self.node("ReduceMax", [x], "max", axes=[-1], keepdims=1)
+            low = self.node("ReduceMin", [x], "min", axes=[-1], keepdims=1)
+            up = self.node(
+                "Mul", [high, self.const("inv_up", np.float32(1 / (255 - zero_point)), True)], "up"
+            )
+            down = self.node("Mul", [low, self.const("inv_down", np.float32(-1 / zero_point), True)], "down")
+            scaled = self.node("Max", [up, down], "scale0")
+        else:
+            zero_point = ZERO_POINT
+            amax = self.node("ReduceMax", [self.node("Abs", [x], "abs")], "amax", axes=[-1], keepdims=1)
+            scaled = self.node("Mul", [amax, self.const("inv_qmax", np.float32(1 / QMAX), True)], "scale0")
+        scale = self.node("Add", [scaled, self.const("tiny", np.float32(TINY), True)], "scale")
+        unit = self.node("Div", [x, scale], "unit")
+        one = self.const("one", np.float32(1), True)
+        zp = self.const(f"zp{zero_point}", np.uint8(zero_point), True)
+        self.quantized[x] = (self.node("QuantizeLinear", [unit, one, zp], "codes"), scale, zero_point)
+        return self.quantized[x]
+
+    def matmul(self, x: str, weight: np.ndarray, output: str | None = None) -> str:
+        """x [..., K] . weight [K, N] -> [..., N] fp32 through int8, with per-row activation scales."""
+        from onnx import helper
+
+        codes, scale, zero_point = self.quantize_rows(x)
+        w_codes, w_scales = quantize_weight(weight)
+        inputs = [
+            codes,
+            self.const("w", w_codes),
+            scale,
+            self.const("w_scale", w_scales),
+            self.const(f"a_zero_point{zero_point}", np.array([zero_point], np.uint8), True),
+        ]
+        out = output or self.name("matmul")
+        self.nodes.append(
+            helper.make_node("MatMulIntegerToFloat", inputs, [out], name=self.name("int8"), domain=MS_DOMAIN)
+        )
+        return out
+
+    def attention(self, node) -> bool:
+        """Attention(x, W_qkv, b_qkv, mask) -> three int8 projections + MultiHeadAttention."""
+        from onnx import helper
+
+        x, weight_name, bias, mask = (list(node.input) + [""] * 4)[:4]
+        weight = self.constant_matrix(weight_name)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        plain = set(attrs) <= {"num_heads", "mask_filter_value", "scale"}
+        if weight is None or len(node.input) > 4 or not bias or not plain:
+            return False  # past state, attention bias, unusual options: keep the fp32 node
+        hidden = weight.shape[1] // 3
+        qkv = [self.matmul(x, weight[:, i * hidden : (i + 1) * hidden]) for i in range(3)]
+        inputs = [*qkv, bias] + ([mask] if mask else [])
+        self.nodes.append(
+            helper.make_node(
+                "MultiHeadAttention",
+                inputs,
+                list(node.output),
+                name=self.name("mha"),
+                domain=MS_DOMAIN,
+                **attrs,
+            )
+        )
+        return True
+
+    def rewrite(self) -> dict[str, int]:
+        done: Counter = Counter()
+        for node in list(self.graph.node):
+            if node.op_type == "MatMul" and (weight := self.constant_matrix(node.input[1])) is not None:
+                self.matmul(node.input[0], weight, output=node.output[0])
+                done["MatMul"] += 1
+            elif node.op_type == "Attention" and node.domain == MS_DOMAIN and self.attention(node):
+                done["Attention"] += 1
+            else:
+                self.nodes.append(node)
+        del self.graph.node[:]
+        self.graph.node.extend(self.nodes)
+        used = {name for n in self.graph.node for name in n.input}
+        keep = [i for i in [*self.graph.initializer, *self.new_initializers] if i.name in used]
+        del self.graph.initializer[:]
+        self.graph.initializer.extend(keep)
+        return dict(done)
+
+
+def quantize_rowwise(src: Path, dst: Path) -> dict[str, Any]:
+    """Rewrite the fp32 graph `src` (fused or not) into the per-token INT8 graph `dst`; returns the report."""
+    import onnx
+
+    model = onnx.load(str(src))
+    replaced = _Rewriter(model.graph).rewrite()
+    if not replaced:
+        raise ValueError(f"{src.name} has no MatMul with a constant weight and no Attention node to quantize")
+    if not any(op.domain == MS_DOMAIN for op in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(dst))
+    ops = Counter(node.op_type for node in model.graph.node)
+    return {
+        "source": src.name,
+        "tool": TOOL,
+        "behaviour": BEHAVIOUR,
+        "rewritten": replaced,
+        "quantized_ops": {op: ops[op] for op in ("MatMulIntegerToFloat", "QuantizeLinear") if ops.get(op)},
+        "remaining_float_matmul": ops.get("MatMul", 0) + ops.get("Gemm", 0),
+    }

@@ -1,0 +1,91 @@
+"""cpu_int8: candidates are checked against fp32 before they are timed, the static QDQ candidate is
+batch-invariant, and the report renders, on a tiny bundle."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks import cpu_int8, scaling
+from export.bundle import load_bundle_manifest
+from export.invariance import batch_invariance
+from export.verify import run_session, verification_cases
+
+VOCAB = 100  # the tiny vocabulary has more tokens; stay inside it
+
+
+def tiny_candidates(bundle):
+    manifest = load_bundle_manifest(bundle)
+    return [
+        cpu_int8.Candidate(v, bundle / manifest.variants[v].file, manifest.variants[v].disabled_optimizers)
+        for v in cpu_int8.BUNDLE_VARIANTS
+    ]
+
+
+def test_static_qdq_candidate_is_batch_invariant(tiny_bundles, tmp_path):
+    bundle = tiny_bundles["classify"]
+    calibration = [scaling.feeds(1, n, VOCAB, seed=n) for n in (5, 9, 17)]
+    out = tmp_path / "qdq.onnx"
+    report = cpu_int8.quantize_static_qdq(bundle / "model.onnx", out, calibration)
+    assert report["calibration_sentences"] == 3 and out.exists()
+    session = cpu_int8.Candidate("qdq", out).session(1)
+    case = [c for c in verification_cases("classify", VOCAB, 32) if c.name == "batch5_seq7"][0]
+    inv = batch_invariance("classify", lambda feeds: run_session(session, feeds), [case.feeds])
+    assert inv["invariant"], inv
+
+
+def test_a_candidate_that_disagrees_with_fp32_is_not_timed(tiny_bundles):
+    cands = tiny_candidates(tiny_bundles["classify"])
+    feeds = scaling.feeds(8, 16, VOCAB)
+    logits = run_session(cands[0].session(1), feeds)["logits"]
+    reference = {"feeds": feeds, "logits": logits}
+    rows = cpu_int8.latency(cands, [(1, 16)], (1,), runs=3, budget_s=0.1, reference=reference, vocab=VOCAB)
+    assert {r["candidate"] for r in rows} == {"fused", "int8", "int8-rowwise"}
+    assert all(r["median_ms"] > 0 and r["runs"] >= 3 for r in rows)
+    wrong = {"feeds": feeds, "logits": -logits}  # as if a provider computed something else
+    rows = cpu_int8.latency(cands[:1], [(1, 16)], (1,), runs=3, budget_s=0.1, reference=wrong, vocab=VOCAB)
+    assert rows == [{"candidate": "fused", "threads": 1, "error": rows[0]["error"]}]
+    assert "decisions" in rows[0]["error"]
+
+
+def test_profile_and_report(tiny_bundles, tmp_path):
+    cands = tiny_candidates(tiny_bundles["classify"])
+    prof = cpu_int8.profile(cands[2], 1, 16, runs=3, vocab=VOCAB)
+    assert "MatMulIntegerToFloat" in prof["by_op"] and "MultiHeadAttention" in prof["by_op"]
+    assert np.isclose(sum(r["share"] for r in prof["by_op"].values()), 1.0, atol=1e-3)
+    prof["floor"] = {"fp32_ms": 1.0, "int8_ms": 0.5}
+    report = {
+        "created_at": "now",
+        "machine": {"cpu": "test", "logical_cores": 2, "memory_gb": 1},
+        "load_average": {"start": [1, 1, 1], "end": [1, 1, 1]},
+        "settings": {"command": "python benchmarks/cpu_int8.py --quick"},
+        "notes": {},
+        "latency": [
+            {"candidate": "int8", "threads": 1, "batch": 1, "seq": 16, "median_ms": 2.0, "runs": 3},
+            {"candidate": "int8-rowwise", "threads": 1, "batch": 1, "seq": 16, "median_ms": 2.2, "runs": 3},
+        ],
+        "invariance_and_accuracy": {"skipped": "no data"},
+        "peak": {"peak_gflops": {"fp32": 10.0, "int8": 40.0}},
+        "profile": prof,
+    }
+    text = cpu_int8.markdown(report)
+    assert "| int8-rowwise | 1 | 2.20 (1.10×) |" in text and "MatMulIntegerToFloat" in text
+    cpu_int8.plot(report, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_openvino_worker_reports_a_fallback_instead_of_timing_it(tiny_bundles, tmp_path):
+    # This venv's onnxruntime has no OpenVINO EP: the session silently runs on the CPU EP, which
+    # the worker must catch (as it would a bad provider path) rather than time as "OpenVINO".
+    import sys
+    from types import SimpleNamespace
+
+    bundle = tiny_bundles["classify"]
+    feeds = scaling.feeds(4, 8, VOCAB)
+    reference = {
+        "feeds": feeds,
+        "logits": run_session(tiny_candidates(bundle)[0].session(1), feeds)["logits"],
+    }
+    args = SimpleNamespace(shapes=[(1, 8)], runs=2, budget_s=0.1)
+    out = cpu_int8.openvino(sys.executable, bundle / "model.onnx", None, reference, tmp_path, args)
+    assert [r["candidate"] for r in out["rows"]] == ["openvino-fp32"] * 2 + ["openvino-bf16-hint"] * 2
+    assert all("fell back" in r["error"] and "1x8_ms" not in r for r in out["rows"])

@@ -1,0 +1,152 @@
+"""The default CPU variant gives a row the same outputs alone and inside any batch, for every task;
+ORT's dynamic INT8 does not; the per-token quantizer computes what its formula says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import export.pipeline as pipeline
+from app.runtime import choose_variant
+from export import export_bundle
+from export.bundle import load_bundle_manifest
+from export.invariance import INVARIANCE_TOLERANCE, batch_invariance, row_alone
+from export.verify import VerificationError, make_session, run_session
+
+from .conftest import MAX_SEQ_LEN, TASKS
+
+
+def mixed_batches(task: str, vocab_size: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Right-padded batches of rows of different lengths (choices of different lengths, too)."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for lengths in ([MAX_SEQ_LEN, 1, 17, 30, 5, 2], [9, 3], [MAX_SEQ_LEN - 1, MAX_SEQ_LEN]):
+        shape = (len(lengths), 3) if task == "multiple-choice" else (len(lengths),)
+        real = np.minimum(np.asarray(lengths).reshape(len(lengths), *[1] * (len(shape) - 1)), MAX_SEQ_LEN)
+        real = real - (np.arange(shape[-1]) if task == "multiple-choice" else 0)  # choices differ too
+        real = np.maximum(real, 1)
+        seq = int(real.max())
+        mask = (np.arange(seq) < real[..., None]).astype(np.int64)
+        ids = rng.integers(5, vocab_size, size=mask.shape) * mask
+        types = ((np.arange(seq) >= real[..., None] // 2) & (mask == 1)).astype(np.int64)
+        batches.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+    return batches
+
+
+def invariance(bundle, variant: str) -> dict:
+    manifest = load_bundle_manifest(bundle)
+    info = manifest.variants[variant]
+    session = make_session(bundle / info.file, disabled_optimizers=info.disabled_optimizers)
+    vocab = len((bundle / "vocab.txt").read_text().splitlines())
+    batches = mixed_batches(manifest.task, vocab)
+    return batch_invariance(manifest.task, lambda feeds: run_session(session, feeds), batches)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_default_cpu_variant_is_batch_invariant_for_every_task(bundles, task):
+    manifest = load_bundle_manifest(bundles[task])
+    default = choose_variant("cpu", manifest.variants)
+    assert default == "int8-rowwise"
+    report = invariance(bundles[task], default)
+    assert report["rows"] == 10
+    assert report["max_abs_diff"] <= INVARIANCE_TOLERANCE, report
+    # Export checked it too, and recorded what each variant does.
+    assert manifest.verification[default]["batch_invariance"]["invariant"] is True
+    assert manifest.verification["fused"]["batch_invariance"]["max_abs_diff"] <= INVARIANCE_TOLERANCE
+
+
+@pytest.mark.parametrize("task", ["classify", "qa"])
+def test_dynamic_int8_moves_with_its_batch(bundles, task):
+    # The check can fail: ORT's per-tensor activation scale depends on the whole batch.
+    assert invariance(bundles[task], "int8")["max_abs_diff"] > 1e-4
+
+
+def test_row_alone_cuts_the_row_to_its_own_length():
+    feeds = {
+        "input_ids": np.array([[5, 6, 7], [8, 0, 0]]),
+        "attention_mask": np.array([[1, 1, 1], [1, 0, 0]]),
+    }
+    assert row_alone(feeds, 1)["input_ids"].tolist() == [[8]]
+    choices = {"attention_mask": np.array([[[1, 1, 0, 0], [1, 1, 1, 0]]])}  # longest choice: 3 tokens
+    assert row_alone(choices, 0)["attention_mask"].shape == (1, 2, 3)
+
+
+@pytest.mark.parametrize("after_gelu", [False, True])
+def test_rowwise_matmul_matches_its_formula(tmp_path, after_gelu):
+    """One MatMul rewritten: per-row uint8 codes around a constant zero point (128, or 32 after GELU,
+    whose outputs are mostly positive), per-column symmetric int8 weights."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.quantize_rowwise import GELU_ZERO_POINT, MS_DOMAIN, quantize_rowwise, quantize_weight
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((16, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["h" if after_gelu else "x", "w"], ["y"])]
+    if after_gelu:
+        nodes.insert(0, helper.make_node("Gelu", ["x"], ["h"], domain=MS_DOMAIN))
+    graph = helper.make_graph(
+        nodes,
+        "one_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(MS_DOMAIN, 1)]
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), src)
+    report = quantize_rowwise(src, dst)
+    assert report["rewritten"] == {"MatMul": 1} and report["remaining_float_matmul"] == 0
+    x = rng.standard_normal((2, 3, 16)).astype(np.float32) * np.array([1, 10, 0.01], np.float32)[:, None]
+    x[1, 2] = 0  # an all-zero row quantizes to zeros
+    got = make_session(dst).run(None, {"x": x})[0]
+    if after_gelu:
+        from scipy.special import erf
+
+        x = (0.5 * x * (1 + erf(x / np.sqrt(2)))).astype(np.float32)
+        z = GELU_ZERO_POINT
+        scale = np.maximum(x.max(-1, keepdims=True) / (255 - z), -x.min(-1, keepdims=True) / z)
+        codes = np.clip(np.rint(x / (scale + np.float32(1e-30))) + z, 0, 255) - z
+        # Every non-zero row reaches one end of the code range, and nothing clips.
+        ends = (codes.max(-1) == 255 - z) | (codes.min(-1) == -z)
+        assert ends[np.abs(x).max(-1) > 0].all()
+    else:
+        scale = np.abs(x).max(-1, keepdims=True) / np.float32(127)
+        codes = np.clip(np.rint(x / (scale + np.float32(1e-30))), -127, 127)
+    w_codes, w_scales = quantize_weight(weight)
+    expected = (codes @ w_codes.astype(np.float32)) * w_scales * (scale + np.float32(1e-30))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert np.abs(got[1, 2]).max() == 0
+    np.testing.assert_allclose(got, x @ weight, atol=0.05 * np.abs(x @ weight).max())
+
+
+def test_export_fails_when_the_invariant_variant_is_not(checkpoints, tmp_path, monkeypatch):
+    # As if the rewrite had produced ORT's batch-dependent graph: the export must refuse it.
+    monkeypatch.setattr(
+        pipeline.quantize_rowwise,
+        "quantize_rowwise",
+        lambda src, dst: pipeline.quantize.quantize_int8(src, dst),
+    )
+    with pytest.raises(VerificationError, match="int8-rowwise is meant to be batch-invariant"):
+        export_bundle(checkpoints["classify"], tmp_path / "b", variants=("int8-rowwise",), max_seq_len=32)
+    assert not (tmp_path / "b").exists()
+
+
+DEFAULT_BUNDLES = Path(__file__).resolve().parents[2] / ".cache" / "bundles"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sst2-minilm", "conll03-minilm", "codah-minilm", "squad-minilm"])
+def test_the_real_default_bundles_are_batch_invariant(name):
+    """The four defaults as `make serve` builds them (skipped before they are built)."""
+    bundle = DEFAULT_BUNDLES / name
+    if not (bundle / "bundle.json").exists():
+        pytest.skip(f"{bundle} is not built (python -m export.defaults --out .cache/bundles)")
+    manifest = load_bundle_manifest(bundle)
+    variant = choose_variant("cpu", manifest.variants)
+    if variant != "int8-rowwise":
+        pytest.skip(f"{bundle} predates int8-rowwise: rebuild it with python -m export.defaults")
+    report = invariance(bundle, variant)
+    assert report["rows"] == 10 and report["max_abs_diff"] <= INVARIANCE_TOLERANCE, report

@@ -8,11 +8,14 @@ import logging
 import re
 import shutil
 import threading
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from app.runtime import choose_variant
 from app.settings import Settings
+from export.bundle import load_bundle_manifest
 from tests.app.conftest import bundle_of, serving, wait_ready
 
 ADMIN_KEY = "admin-test-key"
@@ -48,8 +51,14 @@ def model_entry(listing: dict, name: str) -> dict:
     return {m["name"]: m for m in listing["models"]}.get(name, {})
 
 
+def served_file(bundle_dir: Path) -> Path:
+    """The ONNX file the service loads from this bundle on a CPU (CPU_VARIANT's default)."""
+    manifest = load_bundle_manifest(bundle_dir)
+    return manifest.variant_path(bundle_dir, choose_variant("cpu", manifest.variants))
+
+
 def corrupt(bundle_dir) -> None:
-    model = bundle_dir / "model_int8.onnx"
+    model = served_file(bundle_dir)
     data = bytearray(model.read_bytes())
     data[len(data) // 2] ^= 0xFF
     model.write_bytes(bytes(data))
@@ -241,9 +250,7 @@ async def test_model_poll_s_follows_models_dir(tmp_path, add_version, caplog):
         assert model_entry(listing, "extra")["status"] == "ready"
         assert (await client.post("/ner", json={"text": TEXT})).headers["x-model"] == "extra"
 
-        (root / "sst" / "3" / "model_int8.onnx").write_bytes(
-            (root / "sst" / "2" / "model_int8.onnx").read_bytes()
-        )
+        served_file(root / "sst" / "3").write_bytes(served_file(root / "sst" / "2").read_bytes())
         await wait_for(client, lambda x: model_entry(x, "sst")["version"] == "3")  # fixed: picked up
         shutil.rmtree(root / "extra")  # removed from MODELS_DIR: unloaded
         listing = await wait_for(client, lambda x: model_entry(x, "extra")["status"] == "unloaded")

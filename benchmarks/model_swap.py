@@ -32,6 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from app.runtime import choose_variant
 from benchmarks.bench_common import (
     RESULTS,
     WORK,
@@ -64,7 +65,7 @@ TEXTS = [
 def write_version(models_dir: Path, source: Path, version: int, corrupted: bool = False) -> Path:
     """`sst2/<version>`: the source bundle's files, labels suffixed `@v<version>`; hard links where
     the bytes are unchanged, so a version costs no disk. A corrupted version gets a real copy of
-    its int8 graph with one byte flipped."""
+    the graph the service loads on a CPU, with one byte flipped."""
     from export.bundle import MANIFEST_NAME, load_bundle_manifest, write_manifest
 
     staging = models_dir / MODEL / f".{version}.partial"
@@ -79,7 +80,7 @@ def write_version(models_dir: Path, source: Path, version: int, corrupted: bool 
     manifest = load_bundle_manifest(source)
     manifest.labels = [f"{label}@v{version}" for label in manifest.labels or []]
     if corrupted:
-        graph = staging / manifest.variants["int8"].file
+        graph = manifest.variant_path(staging, choose_variant("cpu", manifest.variants))  # what is served
         data = bytearray(graph.read_bytes())
         data[len(data) // 2] ^= 0xFF
         graph.unlink()  # not the shared hard link

@@ -8,15 +8,12 @@ import logging
 import re
 import shutil
 import threading
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from app.runtime import choose_variant
 from app.settings import Settings
-from export.bundle import load_bundle_manifest
-from tests.app.conftest import bundle_of, serving, wait_ready
+from tests.app.conftest import bundle_of, served_file, serving, wait_ready
 
 ADMIN_KEY = "admin-test-key"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -49,12 +46,6 @@ async def entered(gate: Gate) -> None:
 
 def model_entry(listing: dict, name: str) -> dict:
     return {m["name"]: m for m in listing["models"]}.get(name, {})
-
-
-def served_file(bundle_dir: Path) -> Path:
-    """The ONNX file the service loads from this bundle on a CPU (CPU_VARIANT's default)."""
-    manifest = load_bundle_manifest(bundle_dir)
-    return manifest.variant_path(bundle_dir, choose_variant("cpu", manifest.variants))
 
 
 def corrupt(bundle_dir) -> None:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.app.conftest import bundle_of, serving
+from tests.app.conftest import bundle_of, served_file, serving
 from tests.conftest import TOPICS
 
 TEXT = "john smith lives in paris and works for the company"
@@ -107,7 +107,7 @@ async def test_versioned_layout_serves_the_newest_version_that_verifies(tmp_path
         assert legacy.status_code == 200 and legacy.json()["label"] in ("neg", "pos")
 
     # A broken newest version at start-up: the previous one serves, and /models says why.
-    model = root / "sst" / "2" / "model_int8.onnx"
+    model = served_file(root / "sst" / "2")
     model.write_bytes(model.read_bytes()[:500])
     async with serving(root, default_bundles="classify=sst") as (_, client):
         r = await client.post("/classify", json={"text": TEXT})

@@ -8,8 +8,9 @@ The validation data, features and metrics are exactly those of `benchmarks/finet
 ONNX Runtime on the bundle's variant instead of PyTorch. "batched" runs the evaluation's
 batches of 32 features (padded to the longest); "single" runs every feature alone, as a lone
 request meets the service. A batch-invariant variant scores the same both ways. Results go to
-benchmarks/results/int8_accuracy.{json,md}; `python -m export.defaults` copies each bundle's
-line into its manifest (quantization.task_data).
+benchmarks/results/int8_accuracy.{json,md}. Copied by hand into defaults/int8_task_data.json (it
+travels with the defaults' recipe), from which `python -m export.defaults` records each bundle's
+line in its manifest (quantization.task_data).
 """
 
 from __future__ import annotations

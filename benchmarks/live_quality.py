@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
+from benchmarks import bench_common as common
 from benchmarks.finetune import recipes
 from train.evaluate import evaluate_bundle, select_examples
 from train.live_eval import evaluate_live
@@ -31,38 +28,6 @@ from train.live_eval import evaluate_live
 REPO = Path(__file__).resolve().parent.parent
 
 COMMAND = "python -m benchmarks.live_quality"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_service(models_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "MODELS_DIR": str(models_dir), "LOG_LEVEL": "WARNING"}
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the service exited: see {log_path}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    process.terminate()
-    raise SystemExit(f"the service was not ready in 300 s: see {log_path}")
 
 
 def served_variants(url: str) -> dict[str, str]:
@@ -84,9 +49,12 @@ def main() -> None:
         return
     all_recipes = recipes(args.data)
     names = args.tasks.split(",")
-    process, url = start_service(args.bundles, args.out.with_suffix(".log"))
+    port = common.free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    env = {"MODELS_DIR": str(args.bundles), "LOG_LEVEL": "WARNING"}
     results = {}
-    try:
+    with common.server(command, env, args.out.with_suffix(".log"), url, ready_timeout=300):
         variants = served_variants(url)
         for name in names:
             recipe = all_recipes[name]
@@ -100,14 +68,11 @@ def main() -> None:
                 "metric": recipe["metric"],
                 "variant": variants[recipe["bundle"]],
                 "examples": len(examples),
-                "validation": relative(recipe["data"], args.data),
+                "validation": common.repo_relative(" ".join(recipe["data"])),
                 "live": live,
                 "live_seconds": time.perf_counter() - started,
             }
             print(name, json.dumps(live), flush=True)
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
     for name in names:
         recipe, r = all_recipes[name], results[name]
         task, examples = select_examples(recipe["data"])
@@ -122,17 +87,12 @@ def main() -> None:
     print(write_results(results, args.out))
 
 
-def relative(argv: list[str], data: Path) -> str:
-    """The data options as a command line relative to the repository (data under ../shared/data)."""
-    return " ".join(a.replace(str(data), "../shared/data") for a in argv)
-
-
 def write_results(results: dict, path: Path) -> str:
     """Merge into earlier results (a `--tasks` subset keeps the others); returns the table."""
     path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text())["tasks"] if path.exists() else {}
     merged = {**old, **results}
-    machine = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    machine = common.machine_info()
     path.write_text(json.dumps({"command": COMMAND, "machine": machine, "tasks": merged}, indent=2) + "\n")
     lines = [
         "| default | metric | offline (bundle, batched) | through the service | service − offline | examples "

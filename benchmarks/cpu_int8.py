@@ -63,15 +63,14 @@ class Candidate:
 
 def calibration_batches(bundle: Path, data: Path, count: int) -> list[dict[str, np.ndarray]]:
     """SST-2 training sentences (the recipe's training side, never its validation slice), one per batch."""
-    from finetune import recipes
-    from model.splits import split_examples
-    from model.train import build_parser, data_options
-
+    from benchmarks.finetune import recipes
     from processing.padding import pad_batch
     from processing.tokenizer import TextTokenizer
+    from train.splits import split_examples
+    from train.train import run_options
 
     argv = recipes(data)["sst2"]["data"]
-    train, _ = split_examples(data_options(build_parser().parse_args([*argv, "--out", "unused"])))
+    train, _ = split_examples(run_options(argv).data)
     tokenizer = TextTokenizer.from_dir(bundle)
     rng = np.random.default_rng(0)
     picked = rng.choice(len(train), size=min(count, len(train)), replace=False)
@@ -211,11 +210,10 @@ def latency(
 
 
 def invariance_and_accuracy(cands: list[Candidate], bundle: Path, data: Path, quick: bool) -> dict[str, Any]:
-    from finetune import recipes
-    from model.evaluate import evaluate_bundle, select_examples
-
+    from benchmarks.finetune import recipes
     from processing.padding import pad_batch
     from processing.tokenizer import TextTokenizer
+    from train.evaluate import evaluate_bundle, select_examples
 
     out: dict[str, Any] = {}
     if not data.exists():

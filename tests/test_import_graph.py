@@ -117,3 +117,17 @@ def test_layering(package: str, forbidden: tuple[str, ...]) -> None:
             if target.split(".")[0] in forbidden:
                 offenders.append(f"{name} imports {target}")
     assert not offenders, offenders
+
+
+def test_every_import_of_a_project_module_names_one_that_exists() -> None:
+    """A module moved to another package (model/ -> train/) leaves lazy imports inside functions
+    that nothing runs until a benchmark does: every one must still name a real module."""
+    modules = project_modules()
+    known = set(modules) | set(PACKAGES)
+    missing = {
+        f"{name} imports {target}"
+        for name, path in modules.items()
+        for target in imported_names(path, name, set(modules))
+        if target.split(".")[0] in PACKAGES and target not in known
+    }
+    assert not missing, sorted(missing)

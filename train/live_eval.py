@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from processing.metrics import accuracy, f1_score, get_entities, pearson, span_scores, spearman, squad_scores
+from processing.tasks import TASKS
 
 from .examples import ChoiceExample, ClassifyExample, NERExample, QAExample
 
@@ -36,21 +37,21 @@ class Served:
 
 
 def request_for(task: str, example: Any, model: str | None) -> tuple[str, dict[str, Any]]:
-    """(path, JSON body) of the request a user would send for `example`."""
+    """(path, JSON body) of the request a user would send for `example`; the route is the task
+    registry's."""
     if task == "classify":
-        path, body = "/classify", {"text": example.text, "text_pair": example.text_pair}
+        body = {"text": example.text, "text_pair": example.text_pair}
     elif task == "ner":
-        path, body = "/ner", {"text": " ".join(example.words)}
+        body = {"text": " ".join(example.words)}
     elif task == "multiple-choice":
-        path = "/multiple-choice"
         body = {"context": example.context, "question": example.question, "choices": example.choices}
     elif task == "qa":
-        path, body = "/qa", {"question": example.question, "context": example.context}
+        body = {"question": example.question, "context": example.context}
     else:
         raise ValueError(f"no live evaluation for task {task!r}")
     if model:
         body["model"] = model
-    return path, body
+    return TASKS[task].path, body
 
 
 async def fetch_all(
@@ -102,9 +103,9 @@ def served_model(url: str, task: str, model: str | None, headers: dict[str, str]
     candidates = [m for m in listing.json()["models"] if m.get("task") == task]
     if model:
         candidates = [m for m in candidates if model in (m.get("name"), m.get("path"))]
-    serving = [m for m in candidates if m.get("status") in ("ready", "serving", "loaded")] or candidates
+    serving = [m for m in candidates if m.get("status") == "ready"]
     if not serving:
-        raise ServiceError(f"{url} serves no {task} model" + (f" named {model!r}" if model else ""))
+        raise ServiceError(f"{url} has no ready {task} model" + (f" named {model!r}" if model else ""))
     chosen = next((m for m in serving if m.get("default")), serving[0])
     return Served(chosen["name"], chosen.get("labels"), chosen.get("problem_type"))
 

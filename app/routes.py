@@ -1,34 +1,31 @@
-"""HTTP routes: thin wrappers that lease the model's serving version, time it and shape the response."""
+"""HTTP routes: thin wrappers that lease the model's serving version, time it and shape the response.
+
+Every task's POST route is made from its registry declaration (processing/tasks.py); none is written here.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
+import inspect
+import operator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import SecretStr
 
+from processing.tasks import TASKS, TaskSpec
+
+from . import schemas
 from .errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES
 from .middleware import MODEL_SCOPE_KEY
 from .model_listing import list_models
 from .request_errors import Unauthorized
-from .schemas import (
-    ChoiceRequest,
-    ChoiceResponse,
-    ClassifyBatchResponse,
-    ClassifyRequest,
-    ClassifyResult,
-    HealthResponse,
-    ModelsResponse,
-    NERRequest,
-    NERResponse,
-    QARequest,
-    QAResponse,
-    ReadyResponse,
-)
-from .services import ChoiceService, ClassifyService, NERService, QAService, TaskService, Timings, service_of
+from .schemas import HealthResponse, ModelsResponse, ReadyResponse
+from .services import SERVICES, TaskService, Timings, service_of
 
 router = APIRouter()
 
@@ -84,48 +81,38 @@ async def serve(request: Request, response: Response, kind: type[TaskService], b
     return result
 
 
-@router.post(
-    "/classify",
-    response_model=ClassifyResult | ClassifyBatchResponse,
-    responses=TASK_RESPONSES,
-    dependencies=[Depends(require_api_key)],
-    summary="Classify a text, a text pair, or a batch",
-)
-async def classify(body: ClassifyRequest, request: Request, response: Response) -> Any:
-    return await serve(request, response, ClassifyService, body)
+def task_endpoint(spec: TaskSpec) -> Callable[..., Awaitable[Any]]:
+    """The POST route of one registry task: its request schema in, its service's answer out."""
+    kind = SERVICES[spec.name]
+
+    async def endpoint(body: Any, request: Request, response: Response) -> Any:
+        return await serve(request, response, kind, body)
+
+    # FastAPI reads the body's schema from the signature, so the registry's type goes there.
+    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(
+                "body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=getattr(schemas, spec.request)
+            ),
+            inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
+            inspect.Parameter("response", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Response),
+        ]
+    )
+    endpoint.__name__ = spec.name.replace("-", "_")
+    return endpoint
 
 
-@router.post(
-    "/ner",
-    response_model=NERResponse,
-    responses=TASK_RESPONSES,
-    dependencies=[Depends(require_api_key)],
-    summary="Named entities with character offsets",
-)
-async def ner(body: NERRequest, request: Request, response: Response) -> Any:
-    return await serve(request, response, NERService, body)
-
-
-@router.post(
-    "/multiple-choice",
-    response_model=ChoiceResponse,
-    responses=TASK_RESPONSES,
-    dependencies=[Depends(require_api_key)],
-    summary="Pick the best of several choices",
-)
-async def multiple_choice(body: ChoiceRequest, request: Request, response: Response) -> Any:
-    return await serve(request, response, ChoiceService, body)
-
-
-@router.post(
-    "/qa",
-    response_model=QAResponse,
-    responses=TASK_RESPONSES,
-    dependencies=[Depends(require_api_key)],
-    summary="Extractive question answering over a context of any length",
-)
-async def qa(body: QARequest, request: Request, response: Response) -> Any:
-    return await serve(request, response, QAService, body)
+for spec in TASKS.values():
+    replies = tuple(getattr(schemas, name) for name in spec.responses)
+    router.add_api_route(
+        spec.path,
+        task_endpoint(spec),
+        methods=["POST"],
+        response_model=functools.reduce(operator.or_, replies),
+        responses=TASK_RESPONSES,
+        dependencies=[Depends(require_api_key)],
+        summary=spec.summary,
+    )
 
 
 @router.get("/health", response_model=HealthResponse, summary="Liveness: the process answers")

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 class TaskSpec:
     name: str
     path: str  # the HTTP route
+    summary: str  # the route's one-line description in /docs
     request: str  # app.schemas class names
-    response: str
+    responses: tuple[str, ...]  # more than one: the route answers their union (e.g. one text or a batch)
     head: str  # model.bert class, also the `architectures` entry of a transformers config.json
     metric: str  # the validation metric that picks the best checkpoint
     token_axes: tuple[str, ...]  # the symbolic shape of input_ids, attention_mask, token_type_ids
@@ -38,8 +39,9 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             name="classify",
             path="/classify",
+            summary="Classify a text, a text pair, or a batch",
             request="ClassifyRequest",
-            response="ClassifyResult",
+            responses=("ClassifyResult", "ClassifyBatchResponse"),
             head="BertForSequenceClassification",
             metric="accuracy",
             token_axes=TOKENS,
@@ -48,8 +50,9 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             name="ner",
             path="/ner",
+            summary="Named entities with character offsets",
             request="NERRequest",
-            response="NERResponse",
+            responses=("NERResponse",),
             head="BertForTokenClassification",
             metric="f1",
             token_axes=TOKENS,
@@ -58,8 +61,9 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             name="multiple-choice",
             path="/multiple-choice",
+            summary="Pick the best of several choices",
             request="ChoiceRequest",
-            response="ChoiceResponse",
+            responses=("ChoiceResponse",),
             head="BertForMultipleChoice",
             metric="accuracy",
             token_axes=("batch", "choices", "sequence"),
@@ -68,8 +72,9 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             name="qa",
             path="/qa",
+            summary="Extractive question answering over a context of any length",
             request="QARequest",
-            response="QAResponse",
+            responses=("QAResponse",),
             head="BertForQuestionAnswering",
             metric="f1",
             token_axes=TOKENS,

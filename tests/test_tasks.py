@@ -32,9 +32,9 @@ def test_the_service_follows_the_registry() -> None:
         assert services.SERVICES[spec.name].task == spec.name
         assert route.body_field is not None
         assert route.body_field.field_info.annotation is getattr(schemas, spec.request)
-        assert getattr(schemas, spec.response) in (
-            getattr(route.response_model, "__args__", None) or (route.response_model,)
-        )
+        replies = getattr(route.response_model, "__args__", None) or (route.response_model,)
+        assert set(replies) == {getattr(schemas, name) for name in spec.responses}
+        assert route.summary == spec.summary
 
 
 def test_export_follows_the_registry() -> None:

@@ -29,6 +29,7 @@ from export.bundle import (
 )
 from export.invariance import batch_invariance
 from processing.padding import pad_batch, pad_choices
+from processing.tasks import TASKS
 from processing.tokenizer import TextTokenizer
 
 from .batcher import Batcher
@@ -77,7 +78,7 @@ class Bundle:
 
 
 def collate_for(task: str, pad_id: int) -> Callable[[list[Any]], dict[str, np.ndarray]]:
-    if task == "multiple-choice":
+    if TASKS[task].choices:
         return lambda groups: pad_choices(groups, pad_id)
     return lambda encodings: pad_batch(encodings, pad_id)
 
@@ -149,14 +150,15 @@ def warm_up(bundle: Bundle, max_batch_size: int) -> None:
     short = tokenizer.encode("warm up", max_length=manifest.max_seq_len)
     longest = tokenizer.encode("warm up " * manifest.max_seq_len, max_length=manifest.max_seq_len)
     collate = collate_for(manifest.task, tokenizer.pad_id)
+    spec = TASKS[manifest.task]
     rows = min(4, max_batch_size)
     for batch in ([short], [longest] * rows):
-        payloads: list[Any] = [[e, e] for e in batch] if manifest.task == "multiple-choice" else batch
+        payloads: list[Any] = [[e, e] for e in batch] if spec.choices else batch
         outputs = runtime.run(collate(payloads))
         missing = set(manifest.output_names) - set(outputs)
         if missing:
             raise BundleError(f"model outputs lack {sorted(missing)} listed in {MANIFEST_NAME}")
-        if manifest.task in ("classify", "ner") and manifest.problem_type != "regression":
+        if spec.labelled and manifest.problem_type != "regression":
             n_labels = outputs["logits"].shape[-1]
             if n_labels != len(manifest.labels or []):
                 raise BundleError(
@@ -168,7 +170,7 @@ def warm_up(bundle: Bundle, max_batch_size: int) -> None:
         # The promise /models makes, checked on this machine's kernels: the short input alone
         # against the same input padded next to the longest one.
         pair: list[Any] = [short, longest]
-        if manifest.task == "multiple-choice":
+        if spec.choices:
             pair = [[e, e] for e in pair]
         report = batch_invariance(manifest.task, runtime.run, [collate(pair)])
         if not report["invariant"]:

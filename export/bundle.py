@@ -160,7 +160,7 @@ def manifest_from_dict(data: dict[str, Any], where: str = MANIFEST_NAME) -> Bund
         )
     if data["task"] not in TASKS:
         raise BundleError(f"{where}: unknown task {data['task']!r}; expected one of {TASKS}")
-    if data["task"] in ("classify", "ner") and not data["labels"]:
+    if TASK_SPECS[data["task"]].labelled and not data["labels"]:
         raise BundleError(f"{where}: task {data['task']!r} needs a non-empty labels list")
     if not data["variants"]:
         raise BundleError(f"{where}: no variants listed")

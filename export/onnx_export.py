@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from model.bert import TASK_HEADS
 from model.config import BertConfig
+from processing.tasks import TASKS as TASK_SPECS
 
 from .bundle import INPUT_NAMES, TASKS, task_io
 
@@ -108,7 +109,7 @@ def load_head(checkpoint_dir: str | Path, task: str | None = None) -> tuple[nn.M
 def example_inputs(
     task: str, batch: int, seq: int, vocab_size: int, choices: int = 1, seed: int = 0
 ) -> dict[str, Tensor]:
-    shape = (batch, choices, seq) if task == "multiple-choice" else (batch, seq)
+    shape = (batch, choices, seq) if TASK_SPECS[task].choices else (batch, seq)
     gen = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(1, vocab_size, shape, generator=gen)
     return {
@@ -173,4 +174,4 @@ def check_graph(path: Path, task: str) -> None:
 
 def _is_label_axis(task: str, name: str, axis: int, dims) -> bool:
     # The only static axis is the label axis of classify / ner logits.
-    return name == "logits" and task in ("classify", "ner") and axis == len(dims) - 1
+    return name == "logits" and TASK_SPECS[task].labelled and axis == len(dims) - 1

@@ -20,6 +20,7 @@ import numpy as np
 
 from model.checkpoint import CheckpointError, resolve_checkpoint
 from processing.qa import window_capacity
+from processing.tasks import TASKS
 from processing.words import WORD_SPLITS
 
 from . import optimize, quantize, quantize_rowwise
@@ -92,7 +93,7 @@ def _do_lower_case(checkpoint_dir: Path) -> bool:
 def _labels(config, task: str) -> tuple[list[str] | None, str | None]:
     """Labels from id2label; for classify, regression as `transformers` decides it: problem_type, or
     a single output."""
-    if task not in ("classify", "ner"):
+    if not TASKS[task].labelled:
         return None, None
     id2label = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
     if sorted(id2label) != list(range(len(id2label))):

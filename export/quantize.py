@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from processing.tasks import TASKS
+
 from .bundle import INPUT_NAMES
 from .verify import make_session, run_session, valid
 
@@ -60,7 +62,7 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
 
 def check_eval_batches(task: str, batches: list[dict[str, np.ndarray]], max_seq_len: int) -> list[dict]:
     """Validate caller features and normalise them to int64 arrays."""
-    ndim = 3 if task == "multiple-choice" else 2
+    ndim = len(TASKS[task].token_axes)
     out = []
     for i, batch in enumerate(batches):
         missing = [n for n in INPUT_NAMES if n not in batch]

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from processing.tasks import TASKS
+
 from .bundle import INPUT_NAMES
 
 FP32_TOLERANCE = 1e-4
@@ -41,7 +43,7 @@ def _batch(
 ) -> dict[str, np.ndarray]:
     """Right-padded random-token features; `lengths` is [batch] or [batch][choices]."""
     lengths_arr = np.asarray(lengths)
-    if task == "multiple-choice" and lengths_arr.ndim == 1:
+    if TASKS[task].choices and lengths_arr.ndim == 1:
         lengths_arr = lengths_arr[:, None]
     positions = np.arange(seq)
     mask = (positions < lengths_arr[..., None]).astype(np.int64)
@@ -57,7 +59,7 @@ def verification_cases(task: str, vocab_size: int, max_seq_len: int, seed: int =
     rng = np.random.default_rng(seed)
     mid = min(max_seq_len, 23)
     mixed = [mid, max(1, mid // 2), 1]
-    if task == "multiple-choice":
+    if TASKS[task].choices:
         return [
             Case("batch1_choices1_seq1", _batch(task, [[1]], 1, vocab_size, rng)),
             Case(
@@ -89,14 +91,14 @@ def random_eval_batches(
     seq = min(max_seq_len, 64)
     batches = []
     for _ in range(n_batches):
-        shape = (batch_size, 4) if task == "multiple-choice" else (batch_size,)
+        shape = (batch_size, 4) if TASKS[task].choices else (batch_size,)
         lengths = rng.integers(max(1, seq // 4), seq + 1, size=shape)
         batches.append(_batch(task, lengths.tolist(), seq, vocab_size, rng, second_segment=True))
     return batches
 
 
 def token_level(task: str) -> bool:
-    return task in ("ner", "qa")
+    return TASKS[task].per_token
 
 
 def valid(task: str, output: np.ndarray, mask: np.ndarray) -> np.ndarray:

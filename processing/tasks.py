@@ -27,6 +27,21 @@ class TaskSpec:
     token_axes: tuple[str, ...]  # the symbolic shape of input_ids, attention_mask, token_type_ids
     outputs: tuple[tuple[str, tuple[str, ...]], ...]  # graph outputs: name, symbolic shape ("labels" = n)
 
+    @property
+    def choices(self) -> bool:
+        """Inputs grouped per example ([batch, choices, sequence]), not one row per example."""
+        return "choices" in self.token_axes
+
+    @property
+    def labelled(self) -> bool:
+        """Outputs score a label set the bundle names (its `labels`)."""
+        return any("labels" in axes for _, axes in self.outputs)
+
+    @property
+    def per_token(self) -> bool:
+        """Outputs have a value per token (compared on real tokens only, never on padding)."""
+        return any("sequence" in axes for _, axes in self.outputs)
+
     def output_shapes(self, num_labels: int | None = None) -> dict[str, list[str | int]]:
         labels: str | int = num_labels if num_labels is not None else "labels"
         return {name: [labels if axis == "labels" else axis for axis in axes] for name, axes in self.outputs}

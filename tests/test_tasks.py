@@ -54,15 +54,26 @@ def test_export_follows_the_registry() -> None:
     assert bundle.task_io("ner", 9)[1][0]["shape"] == ["batch", "sequence", 9]
 
 
+def test_the_registry_derives_each_task_s_shape_properties() -> None:
+    shape = {name: (spec.choices, spec.labelled, spec.per_token) for name, spec in TASKS.items()}
+    assert shape == {
+        "classify": (False, True, False),
+        "ner": (False, True, True),
+        "multiple-choice": (True, False, False),
+        "qa": (False, False, True),
+    }
+
+
 def test_the_network_and_training_follow_the_registry() -> None:
     from model.bert import TASK_HEADS
-    from train import features, readers
+    from train import features, live_eval, readers
 
     for name, spec in TASKS.items():
         assert TASK_HEADS[name].__name__ == spec.head
         assert features.DEFAULT_METRIC[name] == spec.metric
         assert name in features.TASKS and name in readers.FORMATS
     assert readers.TASKS == TASK_NAMES
+    assert set(live_eval.LIVE_TASKS) <= set(TASK_NAMES)
     assert set(TASK_HEADS) - set(TASK_NAMES) == {"pretrain"}  # training only, never served
 
 

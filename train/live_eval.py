@@ -39,16 +39,9 @@ class Served:
 def request_for(task: str, example: Any, model: str | None) -> tuple[str, dict[str, Any]]:
     """(path, JSON body) of the request a user would send for `example`; the route is the task
     registry's."""
-    if task == "classify":
-        body = {"text": example.text, "text_pair": example.text_pair}
-    elif task == "ner":
-        body = {"text": " ".join(example.words)}
-    elif task == "multiple-choice":
-        body = {"context": example.context, "question": example.question, "choices": example.choices}
-    elif task == "qa":
-        body = {"question": example.question, "context": example.context}
-    else:
+    if task not in LIVE_TASKS:
         raise ValueError(f"no live evaluation for task {task!r}")
+    body = LIVE_TASKS[task].body(example)
     if model:
         body["model"] = model
     return TASKS[task].path, body
@@ -133,6 +126,18 @@ def classify_scores(
     return {"accuracy": accuracy(predicted, gold), "f1": f1_score(predicted, gold, len(labels))}
 
 
+def classify_live_scores(
+    examples: list[ClassifyExample], answers: list[dict], served: Served, label_names: dict[str, str]
+) -> dict[str, float]:
+    """The service answers in the model's label names; score them in the data's spelling."""
+    to_data = {name: code for code, name in label_names.items()}
+    labels = [to_data.get(label, label) for label in served.labels or []]
+    for answer in answers:
+        if answer.get("label") is not None:
+            answer["label"] = to_data.get(answer["label"], answer["label"])
+    return classify_scores(examples, answers, labels, served.problem_type == "regression")
+
+
 def word_starts(words: list[str]) -> list[int]:
     """Character offset of each word in the words joined by single spaces (what is sent)."""
     starts, position = [], 0
@@ -168,6 +173,34 @@ def qa_scores(examples: list[QAExample], answers: list[dict]) -> dict[str, float
     return squad_scores(predictions, gold)
 
 
+@dataclass(frozen=True)
+class LiveTask:
+    """How one task is sent to the service and scored: its request body per example, its metrics."""
+
+    body: Callable[[Any], dict[str, Any]]
+    score: Callable[[list, list[dict], Served, dict[str, str]], dict[str, float]]
+
+
+LIVE_TASKS: dict[str, LiveTask] = {
+    "classify": LiveTask(
+        body=lambda e: {"text": e.text, "text_pair": e.text_pair},
+        score=classify_live_scores,
+    ),
+    "ner": LiveTask(
+        body=lambda e: {"text": " ".join(e.words)},
+        score=lambda examples, answers, _served, _names: ner_scores(examples, answers),
+    ),
+    "multiple-choice": LiveTask(
+        body=lambda e: {"context": e.context, "question": e.question, "choices": e.choices},
+        score=lambda examples, answers, _served, _names: choice_scores(examples, answers),
+    ),
+    "qa": LiveTask(
+        body=lambda e: {"question": e.question, "context": e.context},
+        score=lambda examples, answers, _served, _names: qa_scores(examples, answers),
+    ),
+}
+
+
 def evaluate_live(
     url: str,
     task: str,
@@ -199,15 +232,4 @@ def evaluate_live(
     finally:
         if bar is not None:
             bar.close()
-    if task == "classify":
-        to_data = {name: code for code, name in (label_names or {}).items()}
-        labels = [to_data.get(label, label) for label in served.labels or []]
-        for answer in answers:
-            if answer.get("label") is not None:
-                answer["label"] = to_data.get(answer["label"], answer["label"])
-        return classify_scores(examples, answers, labels, served.problem_type == "regression")
-    if task == "ner":
-        return ner_scores(examples, answers)
-    if task == "multiple-choice":
-        return choice_scores(examples, answers)
-    return qa_scores(examples, answers)
+    return LIVE_TASKS[task].score(examples, answers, served, label_names or {})

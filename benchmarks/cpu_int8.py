@@ -1,7 +1,7 @@
 """CPU inference candidates side by side, in one run: speed, batch invariance, accuracy, profile.
 
-    python benchmarks/cpu_int8.py                 # .cache/bundles/sst2-minilm, full run
-    python benchmarks/cpu_int8.py --quick         # smoke run
+    python -m benchmarks.cpu_int8                 # .cache/bundles/sst2-minilm, full run
+    python -m benchmarks.cpu_int8 --quick         # smoke run
 
 Candidates, all on the classify default's weights:
 - `fused`: fp32 ONNX Runtime with the transformer fusions (the fp32 reference);
@@ -17,7 +17,9 @@ Candidates, all on the classify default's weights:
   disagree with fp32 on the probe sentences, is reported instead of timed.
 
 Latency: median ms over full-length random rows at (1, 128), (1, 384) and (32, 128), 1 and 2
-threads, candidates timed round-robin so that a busy machine slows them alike (compare ratios);
+threads, candidates timed in rounds of blocks (8 consecutive runs of one candidate after an
+untimed one, so no other session's spinning threads share the cores) so that a busy machine
+slows them alike (compare ratios);
 BERT-base shape with random weights at (1, 128). Invariance: SST-2 validation sentences of
 different lengths, each alone against inside one padded batch. Accuracy: SST-2 validation
 accuracy batched (32) and one sentence at a time (benchmarks/int8_accuracy.py has all four tasks
@@ -170,6 +172,22 @@ def checked_sessions(cands: list[Candidate], threads: int, reference: dict) -> d
     return {"sessions": sessions, "errors": errors}
 
 
+BLOCK = 8  # consecutive runs of one candidate per round
+
+
+def timed_block(session, feeds: dict[str, np.ndarray], runs: int) -> list[float]:
+    """Seconds of `runs` consecutive runs, after one untimed run. One candidate at a time: the
+    threads of the session that ran before (ORT's intra-op threads spin after a run) have gone
+    idle by the time the timed runs start, and this session's own pool is hot, as in a server."""
+    session.run(None, feeds)
+    seconds = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        session.run(None, feeds)
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
 def latency(
     cands: list[Candidate], shapes, threads_list, runs: int, budget_s: float, reference, vocab: int = 30522
 ) -> list[dict]:
@@ -188,10 +206,8 @@ def latency(
             while min(len(t) for t in times.values()) < runs and (
                 min(len(t) for t in times.values()) < 3 or time.perf_counter() < deadline
             ):
-                for name, session in sessions.items():  # round-robin: load changes hit all alike
-                    started = time.perf_counter()
-                    session.run(None, feeds)
-                    times[name].append(time.perf_counter() - started)
+                for name, session in sessions.items():  # rounds of blocks: load changes hit all alike
+                    times[name] += timed_block(session, feeds, BLOCK)
             for name, t in times.items():
                 rows.append(
                     {
@@ -343,8 +359,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"- Machine: {common.machine_line(report['machine'])}",
         f"- Load average at start / end: {report['load_average']['start']} / {report['load_average']['end']} "
-        "(2 cores; other engineers' jobs shared them: compare ratios within this run)",
-        "- Candidates timed round-robin, medians of full-length random rows.",
+        "(a load above 0 is other work sharing the cores: compare ratios within this run)",
+        f"- Candidates timed in rounds of blocks of {BLOCK} consecutive runs (after an untimed one), "
+        "medians of full-length random rows.",
         "",
         "## Latency (median ms) and ratio to `int8` (ORT dynamic)",
         "",
@@ -456,7 +473,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_title(f"batch {b} x seq {q}")
         ax.set_ylabel("median ms")
         ax.legend(fontsize=8)
-    fig.suptitle("CPU candidates (round-robin timing, shared machine)")
+    fig.suptitle("CPU candidates (timed in rounds of blocks)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -517,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": common.machine_info(),
         "load_average": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
         "settings": {
-            "command": "python benchmarks/cpu_int8.py "
+            "command": "python -m benchmarks.cpu_int8 "
             + " ".join(argv if argv is not None else sys.argv[1:]),
             "bundle": str(bundle.relative_to(common.ROOT))
             if bundle.is_relative_to(common.ROOT)

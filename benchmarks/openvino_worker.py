@@ -5,7 +5,7 @@ OpenVINO EP), so it cannot share a virtual environment with the service's `onnxr
 cpu_int8.py runs this file with `--openvino-python` (e.g. a venv with only
 onnxruntime-openvino and numpy) and reads one JSON line back. Needs numpy and onnxruntime only.
 
-    python benchmarks/openvino_worker.py --model NAME=PATH ... --probe probe.npz --threads 1,2
+    python -m benchmarks.openvino_worker --model NAME=PATH ... --probe probe.npz --threads 1,2
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The fair peer: a plain FastAPI server over ONNX Runtime on the same INT8 file we serve.
 
-    python benchmarks/ort_server.py --classify .cache/bundles/sst2-minilm --qa .cache/bundles/squad-minilm
+    python -m benchmarks.ort_server --classify .cache/bundles/sst2-minilm --qa .cache/bundles/squad-minilm
 
 What a user would write with the Optimum recipe instead of our service: the `transformers` fast
 tokenizer, one InferenceSession per model shared by all requests, one `session.run` per request

@@ -1,8 +1,8 @@
 """Latency vs sequence length and vs batch size for a MiniLM ORT bundle, against a FLOP floor.
 
-    .venv/bin/python benchmarks/scaling.py                 # full sweep on .cache/bundles/sst2-minilm
-    .venv/bin/python benchmarks/scaling.py --quick         # smoke run (~1 min)
-    .venv/bin/python benchmarks/scaling.py --quick --dev-models   # before the defaults exist
+    .venv/bin/python -m benchmarks.scaling                 # full sweep on .cache/bundles/sst2-minilm
+    .venv/bin/python -m benchmarks.scaling --quick         # smoke run (~1 min)
+    .venv/bin/python -m benchmarks.scaling --quick --dev-models   # before the defaults exist
 
 The floor is the time the encoder's matrix multiplications need at this CPU's measured peak:
 FLOPs are counted analytically (`bert_flops`: projections, attention scores and context, FFN,
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         "created_at": common.now(),
         "machine": common.machine_info(args.threads),
         "settings": {
-            "command": "python benchmarks/scaling.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": "python -m benchmarks.scaling " + " ".join(argv if argv is not None else sys.argv[1:]),
             "quick": args.quick,
             "bundle": str(bundle),
             "variants": args.variants,

@@ -1,8 +1,8 @@
 """Our service vs two plain FastAPI servers a user would write instead, under the same load.
 
-    .venv/bin/python benchmarks/service_bench.py            # full: c=1,8,32,64, 20 s per level
-    .venv/bin/python benchmarks/service_bench.py --quick    # smoke run (~2 min)
-    .venv/bin/python benchmarks/service_bench.py --quick --dev-models   # before the defaults exist
+    .venv/bin/python -m benchmarks.service_bench            # full: c=1,8,32,64, 20 s per level
+    .venv/bin/python -m benchmarks.service_bench --quick    # smoke run (~2 min)
+    .venv/bin/python -m benchmarks.service_bench --quick --dev-models   # before the defaults exist
 
 For each endpoint (/classify, /qa), one after the other on loopback: start our real server
 (`uvicorn app.main:app`, MODELS_DIR holding only that endpoint's bundle, its default CPU variant),
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         "created_at": common.now(),
         "machine": common.machine_info(args.threads or None),
         "settings": {
-            "command": "python benchmarks/service_bench.py "
+            "command": "python -m benchmarks.service_bench "
             + " ".join(argv if argv is not None else sys.argv[1:]),
             "quick": args.quick,
             "concurrency": args.concurrency,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks import cpu_int8, scaling
+from benchmarks import cpu_candidates, cpu_int8, scaling
 from export.bundle import load_bundle_manifest
 from export.invariance import batch_invariance
 from export.verify import run_session, verification_cases
@@ -16,8 +16,10 @@ VOCAB = 100  # the tiny vocabulary has more tokens; stay inside it
 def tiny_candidates(bundle):
     manifest = load_bundle_manifest(bundle)
     return [
-        cpu_int8.Candidate(v, bundle / manifest.variants[v].file, manifest.variants[v].disabled_optimizers)
-        for v in cpu_int8.BUNDLE_VARIANTS
+        cpu_candidates.Candidate(
+            v, bundle / manifest.variants[v].file, manifest.variants[v].disabled_optimizers
+        )
+        for v in cpu_candidates.BUNDLE_VARIANTS
     ]
 
 
@@ -25,9 +27,9 @@ def test_static_qdq_candidate_is_batch_invariant(tiny_bundles, tmp_path):
     bundle = tiny_bundles["classify"]
     calibration = [scaling.feeds(1, n, VOCAB, seed=n) for n in (5, 9, 17)]
     out = tmp_path / "qdq.onnx"
-    report = cpu_int8.quantize_static_qdq(bundle / "model.onnx", out, calibration)
+    report = cpu_candidates.quantize_static_qdq(bundle / "model.onnx", out, calibration)
     assert report["calibration_sentences"] == 3 and out.exists()
-    session = cpu_int8.Candidate("qdq", out).session(1)
+    session = cpu_candidates.Candidate("qdq", out).session(1)
     case = [c for c in verification_cases("classify", VOCAB, 32) if c.name == "batch5_seq7"][0]
     inv = batch_invariance("classify", lambda feeds: run_session(session, feeds), [case.feeds])
     assert inv["invariant"], inv
@@ -57,18 +59,30 @@ def test_profile_and_report(tiny_bundles, tmp_path):
         "created_at": "now",
         "machine": {"cpu": "test", "logical_cores": 2, "memory_gb": 1},
         "load_average": {"start": [1, 1, 1], "end": [1, 1, 1]},
-        "settings": {"command": "python benchmarks/cpu_int8.py --quick"},
+        "settings": {"command": "python -m benchmarks.cpu_int8 --quick"},
         "notes": {},
         "latency": [
             {"candidate": "int8", "threads": 1, "batch": 1, "seq": 16, "median_ms": 2.0, "runs": 3},
             {"candidate": "int8-rowwise", "threads": 1, "batch": 1, "seq": 16, "median_ms": 2.2, "runs": 3},
+            {"candidate": "int8", "threads": 1, "batch": 1, "seq": 128, "median_ms": 4.0, "runs": 3},
+            {"candidate": "int8-rowwise", "threads": 1, "batch": 1, "seq": 128, "median_ms": 4.4, "runs": 3},
+            {"candidate": "int8", "threads": 2, "batch": 1, "seq": 128, "median_ms": 2.4, "runs": 3},
+            {"candidate": "int8-rowwise", "threads": 2, "batch": 1, "seq": 128, "median_ms": 2.6, "runs": 3},
         ],
         "invariance_and_accuracy": {"skipped": "no data"},
-        "peak": {"peak_gflops": {"fp32": 10.0, "int8": 40.0}},
+        "peaks": {t: {"peak_gflops": {"fp32": 10.0 * n, "int8": 40.0 * n}} for t, n in (("1", 1), ("2", 2))},
         "profile": prof,
     }
+    report["targets"] = cpu_int8.targets(
+        report, "int8-rowwise", {"hidden": 32, "layers": 2, "intermediate": 64}
+    )
+    one, two = report["targets"]
+    assert (one["threads"], one["chosen_ms"], one["met"]) == (1, 4.4, True)  # ≤ 4.5 ms
+    assert (two["threads"], two["chosen_ms"], two["met"], two["fastest"]) == (2, 2.6, False, "int8")  # > 2.5
+    assert two["matmul_floor_ms"] < one["matmul_floor_ms"] < one["floor_with_other_ops_ms"]
     text = cpu_int8.markdown(report)
     assert "| int8-rowwise | 1 | 2.20 (1.10×) |" in text and "MatMulIntegerToFloat" in text
+    assert "| 2 | ≤ 2.5 ms | int8-rowwise 2.6 | int8 2.4 |" in text
     cpu_int8.plot(report, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
 
@@ -86,6 +100,6 @@ def test_openvino_worker_reports_a_fallback_instead_of_timing_it(tiny_bundles, t
         "logits": run_session(tiny_candidates(bundle)[0].session(1), feeds)["logits"],
     }
     args = SimpleNamespace(shapes=[(1, 8)], runs=2, budget_s=0.1)
-    out = cpu_int8.openvino(sys.executable, bundle / "model.onnx", None, reference, tmp_path, args)
+    out = cpu_candidates.openvino(sys.executable, bundle / "model.onnx", None, reference, tmp_path, args)
     assert [r["candidate"] for r in out["rows"]] == ["openvino-fp32"] * 2 + ["openvino-bf16-hint"] * 2
     assert all("fell back" in r["error"] and "1x8_ms" not in r for r in out["rows"])

@@ -277,7 +277,9 @@ class TokenizeRequest(Strict):
         protected_namespaces=(),
         json_schema_extra={"examples": [{"inputs": "Angela Merkel met Emmanuel Macron."}]},
     )
-    inputs: Text | list[Text] = Field(description="One text, or a list (answered as a list per text)")
+    inputs: Text | Annotated[list[Text], Field(min_length=1)] = Field(
+        description="One text, or a list (answered as a list per text)"
+    )
     add_special_tokens: StrictBool = Field(True, description="Show the [CLS] and [SEP] the model reads")
     model: ModelName | None = Field(
         None, description="Whose tokenizer (a name from /models); default: any, when all models share one"

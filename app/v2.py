@@ -35,7 +35,9 @@ PLATFORM = "onnx_onnxv1"  # the Open Inference Protocol's name for an ONNX Runti
 EXTENSIONS = ["parameters", "schedule_policy"]
 # Not options: the model is in the path, and the batch is the tensors' first axis (not `inputs`).
 NOT_PARAMETERS = {"model", "inputs", "timeout_ms", "priority"}
-IGNORED_PARAMETERS = {"content_type"}  # MLServer's and KServe's codec hint; text is text here
+# MLServer's and KServe's codec hint (text is text here), and Triton's binary-output wishes: the
+# answer is JSON either way, which Triton's clients read as they read binary outputs.
+IGNORED_PARAMETERS = {"content_type", "binary_data", "binary_data_output"}
 PYTHON_TYPES = {"BYTES": str, "FP32": float, "INT64": int, "BOOL": bool}
 DEFAULTS = {"BYTES": "", "FP32": 0.0, "INT64": 0, "BOOL": False}  # an output whose field is absent
 
@@ -64,14 +66,11 @@ def flatten(data: Any) -> list[Any]:
 
 
 def check_tensor_parameters(parameters: dict[str, Any] | None, where: str) -> None:
-    for key, value in (parameters or {}).items():
-        if key in IGNORED_PARAMETERS:
-            continue
-        if key == "binary_data" and value is False:
-            continue
-        if key in ("binary_data", "binary_data_size"):
-            raise InvalidTensor(f"{where}: binary tensor data is not supported; send JSON data")
-        raise InvalidTensor(f"{where}: unknown parameter {key!r}")
+    for key in parameters or {}:
+        if key == "binary_data_size":
+            raise InvalidTensor(f"{where}: binary tensor data is not supported; send the data as JSON")
+        if key not in IGNORED_PARAMETERS:
+            raise InvalidTensor(f"{where}: unknown parameter {key!r}")
 
 
 def decode(spec: TaskSpec, request: V2InferRequest, max_rows: int) -> Decoded:
@@ -166,8 +165,6 @@ def options_of(spec: TaskSpec, parameters: dict[str, Any], decoded: Decoded) -> 
             decoded.timeout_ms = value / 1000
         elif key == "priority":
             decoded.priority = triton_priority(value)
-        elif key == "binary_data_output" and value is False:
-            continue
         elif key in IGNORED_PARAMETERS:
             continue
         elif key in accepted:

@@ -29,7 +29,8 @@ from .v2_schemas import (
 )
 
 SERVER_NAME = "bert-serving"
-router = APIRouter(prefix="/v2", tags=["KServe V2 / Open Inference Protocol"])
+# The protocol's body is JSON whatever the Content-Type says, and Triton's own client sends none.
+router = APIRouter(prefix="/v2", tags=["KServe V2 / Open Inference Protocol"], strict_content_type=False)
 model_routes = {"dependencies": [Depends(require_api_key)], "responses": V2_RESPONSES}
 
 

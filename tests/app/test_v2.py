@@ -270,7 +270,11 @@ BAD = [
     ),
     (classify_body(inputs=[tensor("text", TEXTS)] * 2), 400, ["given twice"]),
     (classify_body(outputs=[{"name": "logits"}]), 400, ["unknown output 'logits'", "label (BYTES [-1])"]),
-    (classify_body(outputs=[{"name": "label", "parameters": {"binary_data": True}}]), 400, ["binary"]),
+    (
+        classify_body(inputs=[{**tensor("text", TEXTS), "parameters": {"binary_data_size": 9}}]),
+        400,
+        ["binary tensor data is not supported"],
+    ),
     (classify_body(parameters={"top_kk": 1}), 400, ["unknown parameter 'top_kk'", "top_k"]),
     (classify_body(parameters={"top_k": 0}), 400, ["parameter 'top_k'", "greater than or equal to 1"]),
     (classify_body(parameters={"top_k": 3}), 400, ["top_k must be between 1 and 2"]),

@@ -44,6 +44,7 @@ CHECKS = [
 TASK_PATHS = {"/classify", "/ner", "/multiple-choice", "/qa"}
 # Refusals of schema-valid data that depend on the deployment, not on the schema.
 LIMIT_ERRORS = {"text_too_long", "too_large", "payload_too_large", "too_many_inputs", "too_many_choices"}
+LIMIT_ERRORS |= {"deadline_exceeded"}  # a timeout_ms shorter than the work: the client asked for it
 DYNAMIC_FIELDS = {"/classify": {"top_k"}, "/qa": {"doc_stride"}}
 
 

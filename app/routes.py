@@ -157,7 +157,7 @@ for spec in TASKS.values():
 @router.post(
     "/tokenize",
     response_model=list[list[TokenOut]],
-    responses={code: TASK_RESPONSES[code] for code in (401, 404, 413, 422, 503)},
+    responses={code: TASK_RESPONSES[code] for code in (400, 401, 404, 413, 422, 503)},
     dependencies=[Depends(require_api_key)],
     summary="Tokens with ids and character offsets, from a model's tokenizer (TEI's /tokenize)",
 )

@@ -4,10 +4,12 @@ the protocol's {"error": message} body from app/errors.py, as every route under 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 
 from processing.tasks import TASKS
 
@@ -29,8 +31,24 @@ from .v2_schemas import (
 )
 
 SERVER_NAME = "bert-serving"
-# The protocol's body is JSON whatever the Content-Type says, and Triton's own client sends none.
-router = APIRouter(prefix="/v2", tags=["KServe V2 / Open Inference Protocol"], strict_content_type=False)
+
+
+class JSONBodyRoute(APIRoute):
+    """The protocol's request body is JSON whatever its Content-Type says, as Triton reads it:
+    Triton's own client sends none, and `curl -d` a form's."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def read_as_json(request: Request) -> Response:
+            headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"]
+            request.scope["headers"] = [*headers, (b"content-type", b"application/json")]
+            return await handler(Request(request.scope, request.receive))
+
+        return read_as_json
+
+
+router = APIRouter(prefix="/v2", tags=["KServe V2 / Open Inference Protocol"], route_class=JSONBodyRoute)
 model_routes = {"dependencies": [Depends(require_api_key)], "responses": V2_RESPONSES}
 
 

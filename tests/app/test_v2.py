@@ -198,6 +198,12 @@ async def test_the_specification_example_request(models_dir):
         assert_v2_error(r, 400, "unknown input 'input0'", "text (BYTES [-1])")
         r = await client.post("/v2/models/classify/infer", content=ours, headers=headers)
         assert r.status_code == 200, r.text
+        for other in (
+            {},
+            {"Content-Type": "application/x-www-form-urlencoded"},
+        ):  # none (tritonclient), curl -d's
+            again = await client.post("/v2/models/classify/infer", content=ours, headers=other)
+            assert again.json() == r.json()
         assert r.headers["content-type"] == "application/json"
         body = r.json()
         assert body["id"] == "42" and body["model_name"] == "classify"

@@ -21,7 +21,7 @@ from processing.tasks import TASKS, TaskSpec
 
 from . import schemas
 from .batcher import Schedule
-from .errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES
+from .errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
 from .loader import Bundle
 from .middleware import MODEL_SCOPE_KEY
 from .model_errors import NoModel
@@ -157,7 +157,7 @@ for spec in TASKS.values():
 @router.post(
     "/tokenize",
     response_model=list[list[TokenOut]],
-    responses={code: TASK_RESPONSES[code] for code in (400, 401, 404, 413, 422, 503)},
+    responses=TOKENIZE_RESPONSES,
     dependencies=[Depends(require_api_key)],
     summary="Tokens with ids and character offsets, from a model's tokenizer (TEI's /tokenize)",
 )

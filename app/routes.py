@@ -169,6 +169,15 @@ async def tokenize(body: TokenizeRequest, request: Request, response: Response) 
     )
 
 
+def readiness(request: Request) -> tuple[bool, str, dict[str, str], dict[str, str]]:
+    """The registry's readiness, and never ready while shutting down (/ready, /v2/health/ready)."""
+    state = state_of(request)
+    is_ready, status, models, errors = state.registry.readiness()
+    if state.shutting_down:
+        is_ready, status = False, "shutting_down"
+    return is_ready, status, models, errors
+
+
 @router.get("/health", response_model=HealthResponse, summary="Liveness: the process answers")
 async def health() -> HealthResponse:
     return HealthResponse()
@@ -181,10 +190,7 @@ async def health() -> HealthResponse:
     summary="Readiness: every bundle loaded and warmed, and not shutting down",
 )
 async def ready(request: Request) -> JSONResponse:
-    state = state_of(request)
-    is_ready, status, models, errors = state.registry.readiness()
-    if state.shutting_down:
-        is_ready, status = False, "shutting_down"
+    is_ready, status, models, errors = readiness(request)
     body = ReadyResponse(ready=is_ready, status=status, models=models, errors=errors)
     return JSONResponse(body.model_dump(), status_code=200 if is_ready else NOT_READY)
 

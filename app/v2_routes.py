@@ -17,7 +17,7 @@ from . import v2
 from .errors import NOT_READY, V2_RESPONSES
 from .loader import Bundle
 from .registry import Model
-from .routes import not_serving, require_api_key, run_leased, state_of
+from .routes import not_serving, readiness, require_api_key, run_leased, state_of
 from .scheduling import schedule_for
 from .services import Timings
 from .v2_schemas import (
@@ -69,8 +69,7 @@ async def live() -> V2Live:
     summary="Readiness: every model serving, as /ready",
 )
 async def ready(request: Request) -> JSONResponse:
-    state = state_of(request)
-    is_ready = state.registry.readiness()[0] and not state.shutting_down
+    is_ready = readiness(request)[0]
     return JSONResponse(V2Ready(ready=is_ready).model_dump(), status_code=200 if is_ready else NOT_READY)
 
 

@@ -7,12 +7,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .schemas import Strict
+
 Scalar = str | int | float | bool  # a parameter's value
 Parameters = dict[str, Scalar]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class V2InputTensor(Strict):
@@ -31,6 +29,7 @@ class V2RequestedOutput(Strict):
 class V2InferRequest(Strict):
     model_config = ConfigDict(
         extra="forbid",
+        protected_namespaces=(),
         json_schema_extra={
             "examples": [
                 {

@@ -4,11 +4,16 @@ Callers submit work items (one token sequence, or one [choices, seq] group) and 
 their futures. One worker coroutine per model collects items into batches under three
 limits: `max_batch_size` items, `max_batch_tokens` padded tokens (longest x rows, since
 padding costs as much compute as real tokens), and `max_wait_ms` from the oldest item's
-arrival. The oldest item anchors every batch (no starvation); the rest are picked by
-closeness in length to cut padding. Inference runs in dedicated threads so the event
-loop never blocks: up to `concurrency` batches at once per model (one per model instance),
-and, when models share a device, a batch also holds one of the device's `compute` slots while
-it runs, so ten models on two cores still run two batches at a time.
+arrival. The oldest item anchors every batch; the rest are picked by closeness in length to
+cut padding. A submission may carry a `Schedule`: a deadline, after which its queued items are
+dropped uncomputed (DeadlineExceeded), and a priority. High-priority items anchor batches before
+normal ones, but only while the normal ones are younger than `aging_ms`: an older normal item
+counts as high, so it is served in arrival order with them (the starvation bound).
+
+Inference runs in dedicated threads so the event loop never blocks: up to `concurrency` batches
+at once per model (one per model instance), and, when models share a device, a batch also holds
+one of the device's `compute` slots while it runs, so ten models on two cores still run two
+batches at a time.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, Protocol
 
 import numpy as np
@@ -63,6 +69,20 @@ class BatcherClosed(BatcherError):
         super().__init__("the model is shutting down")
 
 
+class DeadlineExceeded(BatcherError):
+    """The submission's deadline passed before its items were batched: they were never computed."""
+
+    reason = "expired"
+
+    def __init__(self, timeout_ms: float | None, waited_s: float):
+        budget = f"timeout_ms={timeout_ms:g}" if timeout_ms is not None else "deadline"
+        super().__init__(
+            f"deadline exceeded: the request's {budget} passed after {waited_s * 1000:.0f} ms, before the "
+            "model computed it; it was dropped from the queue"
+        )
+        self.timeout_ms, self.waited_s = timeout_ms, waited_s
+
+
 class BatchFailed(RuntimeError):
     """The model raised on a batch. Each of its items gets its own instance (the model's error as
     the cause): one exception object re-raised by many requests would pile up their tracebacks."""
@@ -90,6 +110,28 @@ class _NullObserver:
         pass
 
 
+class Priority(IntEnum):
+    HIGH = 0  # lower first, as in Triton
+    NORMAL = 1
+
+
+@dataclass(eq=False)
+class Schedule:
+    """One request's deadline and priority, shared by all its submissions (a V2 batch makes several)."""
+
+    priority: Priority = Priority.NORMAL
+    deadline: float | None = None  # on the batcher's clock (time.perf_counter)
+    timeout_ms: float | None = None  # what the client asked for, for the error message
+    started: float = 0.0
+    expired: bool = False  # counted once, however many of its items are dropped
+
+    @classmethod
+    def within(cls, timeout_ms: float | None, priority: Priority = Priority.NORMAL) -> Schedule:
+        now = time.perf_counter()
+        deadline = None if timeout_ms is None else now + timeout_ms / 1000.0
+        return cls(priority=priority, deadline=deadline, timeout_ms=timeout_ms, started=now)
+
+
 @dataclass
 class WorkItem:
     payload: Any  # handed to `collate`, e.g. an Encoding or a list of Encodings
@@ -98,6 +140,7 @@ class WorkItem:
     shape_key: Hashable = None  # only items with equal keys share a batch (e.g. number of choices)
     future: asyncio.Future | None = field(default=None, repr=False)
     enqueued_at: float = 0.0
+    schedule: Schedule = field(default_factory=Schedule, repr=False)
 
 
 def padded_tokens(items: Sequence[WorkItem]) -> int:
@@ -130,9 +173,11 @@ class Batcher:
         concurrency: int = 1,
         inline_tokens: int = 0,
         compute: asyncio.Semaphore | None = None,
+        aging_ms: float = 500.0,
+        clock: Callable[[], float] = time.perf_counter,
     ):
-        if max_batch_size < 1 or max_batch_tokens < 1 or max_queue < 1 or max_wait_ms < 0:
-            raise ValueError("batch size, token budget and queue must be positive, max wait >= 0")
+        if max_batch_size < 1 or max_batch_tokens < 1 or max_queue < 1 or max_wait_ms < 0 or aging_ms < 0:
+            raise ValueError("batch size, token budget and queue must be positive, max wait and aging >= 0")
         if concurrency < 1:
             raise ValueError("concurrency (batches in flight) must be at least 1")
         self.runtime = runtime
@@ -160,6 +205,10 @@ class Batcher:
         self.inline_tokens = inline_tokens
         # Shared by every model on the device: a batch runs only while it holds a slot.
         self.compute = compute
+        # A normal item this old anchors batches as if it were high priority: the starvation bound.
+        self.aging_s = aging_ms / 1000.0
+        # Not loop.time(): uvloop's clock ticks in whole milliseconds. Tests pass a clock they move.
+        self.clock = clock
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"infer-{name}")
 
     # ------------------------------------------------------------------ lifecycle
@@ -197,8 +246,11 @@ class Batcher:
 
     # ------------------------------------------------------------------ submitting
 
-    def submit(self, items: Sequence[WorkItem]) -> list[asyncio.Future]:
-        """Queue all `items` or none of them; returns one future per item, resolving to ItemResult."""
+    def submit(self, items: Sequence[WorkItem], schedule: Schedule | None = None) -> list[asyncio.Future]:
+        """Queue all `items` or none of them; returns one future per item, resolving to ItemResult.
+
+        With a `schedule`, the items share its priority and deadline: if it has passed, or passes
+        while any of them is still queued, every queued one is dropped with DeadlineExceeded."""
         if self._closing:
             self.observer.on_rejected(BatcherClosed.reason, 1)
             raise BatcherClosed()
@@ -212,11 +264,19 @@ class Batcher:
             self.observer.on_rejected(QueueFull.reason, 1)
             raise QueueFull(len(self._queue), self.max_queue, len(items))
         loop = asyncio.get_running_loop()
-        now = time.perf_counter()  # not loop.time(): uvloop's clock ticks in whole milliseconds
+        now = self.clock()
+        if schedule is not None and schedule.deadline is not None:
+            if schedule.deadline <= now:
+                self._count_expired(schedule)
+                raise DeadlineExceeded(schedule.timeout_ms, now - schedule.started)
+            # Answer at the deadline itself, not when the worker next looks at the queue.
+            loop.call_later(schedule.deadline - now, self._at_deadline, schedule)
         futures = []
         for item in items:
             item.future = loop.create_future()
             item.enqueued_at = now
+            if schedule is not None:
+                item.schedule = schedule
             futures.append(item.future)
         self._queue.extend(items)
         self.observer.on_queue_depth(len(self._queue))
@@ -227,12 +287,47 @@ class Batcher:
 
     def _purge_cancelled(self) -> None:
         # A done future before its batch ran means the caller gave up (client gone): skip the work.
+        self._expire_due()
         kept = [item for item in self._queue if item.future is not None and not item.future.done()]
         dropped = len(self._queue) - len(kept)
         if dropped:
             self._queue = kept
             self.observer.on_rejected("cancelled", dropped)
             self.observer.on_queue_depth(len(kept))
+
+    def _count_expired(self, schedule: Schedule) -> None:
+        if not schedule.expired:
+            schedule.expired = True
+            self.observer.on_rejected(DeadlineExceeded.reason, 1)
+
+    def _at_deadline(self, schedule: Schedule) -> None:
+        assert schedule.deadline is not None
+        left = schedule.deadline - self.clock()
+        if left > 0:  # the loop's timer fired a hair early (uvloop counts whole milliseconds)
+            asyncio.get_running_loop().call_later(left, self._at_deadline, schedule)
+        else:
+            self._expire_due()
+
+    def _expire_due(self) -> None:
+        """Drop every queued item whose deadline has passed: it is answered now and never computed."""
+        now = self.clock()
+        due = [it for it in self._queue if it.schedule.deadline is not None and it.schedule.deadline <= now]
+        if not due:
+            return
+        dropped = {id(it) for it in due}
+        self._queue = [it for it in self._queue if id(it) not in dropped]
+        for item in due:
+            self._count_expired(item.schedule)
+            if item.future is not None and not item.future.done():
+                item.future.set_exception(
+                    DeadlineExceeded(item.schedule.timeout_ms, now - item.schedule.started)
+                )
+        self.observer.on_queue_depth(len(self._queue))
+
+    def _rank(self, item: WorkItem, now: float) -> tuple[int, float]:
+        """Anchor order: high priority, or normal but older than aging_s, first; then the oldest."""
+        aged = now - item.enqueued_at >= self.aging_s
+        return (0 if item.schedule.priority is Priority.HIGH or aged else 1, item.enqueued_at)
 
     def plan(self, share: int = 1) -> tuple[list[WorkItem], bool]:
         """The next batch (not yet taken from the queue) and whether a limit was reached.
@@ -241,12 +336,13 @@ class Batcher:
         items, so one request's windows (or a burst) spread over every idle instance instead of
         queueing behind each other on one.
         """
-        anchor = self._queue[0]
-        candidates = [it for it in self._queue[1:] if it.shape_key == anchor.shape_key]
+        now = self.clock()
+        anchor = min(self._queue, key=lambda it: self._rank(it, now))  # the first of equals on ties
+        candidates = [it for it in self._queue if it.shape_key == anchor.shape_key and it is not anchor]
         # The share caps this batch without making it "full": a lone item may still wait for company.
         share_cap = -(-(len(candidates) + 1) // share) if share > 1 else self.max_batch_size
-        # Closest lengths first: least padding; ties go to the oldest.
-        candidates.sort(key=lambda it: (abs(it.length - anchor.length), it.enqueued_at))
+        # High priority first, then the closest lengths (least padding); ties go to the oldest.
+        candidates.sort(key=lambda it: (it.schedule.priority, abs(it.length - anchor.length), it.enqueued_at))
         selected, longest, rows, full = [anchor], anchor.length, anchor.rows, False
         real = anchor.length * anchor.rows
         for item in candidates:
@@ -283,7 +379,7 @@ class Batcher:
                     continue
                 selected, full = self.plan(share=self.concurrency - len(self._in_flight))
                 if not full and not self._closing:
-                    delay = self._queue[0].enqueued_at + self.max_wait_s - time.perf_counter()
+                    delay = self._queue[0].enqueued_at + self.max_wait_s - self.clock()
                     if delay > 0:
                         self._wake.clear()
                         with contextlib.suppress(asyncio.TimeoutError):
@@ -300,6 +396,13 @@ class Batcher:
                             self.compute.release()
                             continue
                         selected, _ = self.plan(share=self.concurrency - len(self._in_flight))
+                # Deadlines are checked last, right before the batch is taken: an item that expired
+                # (or was cancelled) since it was planned is never computed; plan again instead.
+                self._purge_cancelled()
+                if any(it.future is None or it.future.done() for it in selected):
+                    if self.compute is not None:
+                        self.compute.release()
+                    continue
                 taken = {id(it) for it in selected}
                 self._queue = [it for it in self._queue if id(it) not in taken]
                 self.observer.on_queue_depth(len(self._queue))
@@ -330,7 +433,7 @@ class Batcher:
         self, items: list[WorkItem], loop: asyncio.AbstractEventLoop, inline: bool
     ) -> None:
         batch_id = next(self._batch_ids)
-        started = time.perf_counter()
+        started = self.clock()
         self.observer.on_batch(len(items), sum(it.rows for it in items), padded_tokens(items))
         try:
             payloads = [it.payload for it in items]
@@ -348,7 +451,7 @@ class Batcher:
                 if item.future is not None and not item.future.done():
                     item.future.set_exception(BatchFailed(batch_id, exc))
             return
-        inference_s = time.perf_counter() - started
+        inference_s = self.clock() - started
         for index, item in enumerate(items):
             if item.future is None or item.future.done():
                 continue

@@ -173,6 +173,7 @@ class ModelControl:
             concurrency=bundle.runtime.instances,
             inline_tokens=settings.inline_batch_tokens if device == "cpu" else 0,
             compute=self.registry.compute,
+            aging_ms=settings.priority_aging_ms,
         )
         bundle.service = self.service_factory(bundle, self.settings)
         bundle.batcher.start()

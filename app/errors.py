@@ -1,4 +1,5 @@
-"""One JSON error shape for every failure: {"error", "message", "fields", "request_id"}.
+"""One JSON error shape per route family: {"error", "message", "fields", "request_id"}, and under
+/v2 the Open Inference Protocol's {"error": message}.
 
 The one module that decides HTTP statuses: services, the registry, routes and middleware raise
 typed errors (app/request_errors.py, app/model_errors.py, the batcher's), and ERRORS maps them.
@@ -7,6 +8,7 @@ typed errors (app/request_errors.py, app/model_errors.py, the batcher's), and ER
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .batcher import BatcherClosed, BatchFailed, QueueFull, TooLarge
+from .batcher import BatcherClosed, BatchFailed, DeadlineExceeded, QueueFull, TooLarge
 from .logs import request_id_var
 from .model_errors import (
     AdminDisabled,
@@ -32,6 +34,7 @@ from .request_errors import (
     BodyTooLarge,
     InternalError,
     InvalidInput,
+    InvalidTensor,
     Overloaded,
     RequestError,
     TextTooLong,
@@ -40,12 +43,24 @@ from .request_errors import (
     Unauthorized,
 )
 from .schemas import ErrorResponse
+from .v2_schemas import V2ErrorResponse
 
 log = logging.getLogger("app.errors")
 
 RETRY_AFTER_S = 1
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; only ever seen in logs and metrics
 NOT_READY = 503  # /ready while a model loads or the server shuts down
+
+# The Open Inference Protocol's routes answer {"error": message}, and 400 where the native routes
+# answer 422 (KServe's and Triton's status for any malformed request). The middleware sets this
+# per request from the path, so a failure raised anywhere gets its family's body.
+V2_PREFIX = "/v2"
+V2_STATUS = {422: 400}
+v2_errors: ContextVar[bool] = ContextVar("v2_errors", default=False)
+
+
+def is_v2_path(path: str) -> bool:
+    return path == V2_PREFIX or path.startswith(V2_PREFIX + "/")
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,7 @@ ERRORS: dict[type[Exception], Status] = {
     TooManyInputs: Status(422, "too_many_inputs"),
     TooManyChoices: Status(422, "too_many_choices"),
     InvalidInput: Status(422, "invalid_request"),
+    InvalidTensor: Status(400, "invalid_tensor"),
     Unauthorized: Status(401, "unauthorized", headers=(("WWW-Authenticate", "Bearer"),)),
     Overloaded: Status(429, "overloaded", retry=True),
     InternalError: Status(500, "internal_error"),
@@ -82,6 +98,7 @@ ERRORS: dict[type[Exception], Status] = {
     TooLarge: Status(413, "too_large"),
     BatchFailed: Status(500, "inference_failed"),
     BatcherClosed: Status(503, "shutting_down", retry=True),
+    DeadlineExceeded: Status(504, "deadline_exceeded"),
 }
 
 
@@ -97,9 +114,16 @@ TASK_RESPONSES: dict[int | str, dict[str, Any]] = {
         "models serve the task and none is its default",
         429: "Queue full; retry after Retry-After seconds",
         503: "Model loading, failed, or shutting down",
+        504: "The request's timeout_ms passed before its work was computed (`deadline_exceeded`)",
     }.items()
 }
+V2_RESPONSES: dict[int | str, dict[str, Any]] = {
+    V2_STATUS.get(int(code), int(code)): {"model": V2ErrorResponse, "description": response["description"]}
+    for code, response in TASK_RESPONSES.items()
+}
 MODELS_RESPONSES: dict[int | str, dict[str, Any]] = {401: TASK_RESPONSES[401]}
+# /tokenize runs no model: no queue (429) and no deadline (504).
+TOKENIZE_RESPONSES = {code: TASK_RESPONSES[code] for code in (400, 401, 404, 413, 422, 503)}
 ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
     **{code: TASK_RESPONSES[code] for code in (401, 503)},
     404: {
@@ -148,6 +172,8 @@ def error_response(
     fields: list[dict[str, str]] | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
+    if v2_errors.get():
+        return JSONResponse({"error": message}, status_code=V2_STATUS.get(status, status), headers=headers)
     return JSONResponse(error_body(code, message, fields), status_code=status, headers=headers)
 
 
@@ -228,5 +254,6 @@ def install_error_handlers(app: FastAPI) -> None:
         return domain_error_response(exc, message)
 
     @app.exception_handler(BatcherClosed)
-    async def _closed(request: Request, exc: BatcherClosed) -> JSONResponse:
+    @app.exception_handler(DeadlineExceeded)
+    async def _batcher_says(request: Request, exc: BatcherClosed | DeadlineExceeded) -> JSONResponse:
         return domain_error_response(exc, str(exc))

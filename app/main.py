@@ -33,13 +33,15 @@ from .routes import router
 from .runtime import fix_malloc_mmap_threshold
 from .services import make_service
 from .settings import Settings
+from .v2_routes import router as v2_router
 
 log = logging.getLogger("app.main")
 
 DESCRIPTION = """
-BERT inference over ONNX Runtime: classification, NER, multiple choice and extractive QA.
-Requests from all clients are batched dynamically per model. Errors are JSON objects
-`{"error", "message", "fields"}`; every response carries `X-Request-ID`, and inference
+BERT inference over ONNX Runtime: classification, NER, multiple choice and extractive QA, also
+through the KServe V2 / Open Inference Protocol (`/v2`). Requests from all clients are batched
+dynamically per model. Errors are JSON objects `{"error", "message", "fields"}` (under `/v2`:
+`{"error": message}`); every response carries `X-Request-ID`, and inference
 responses a `Server-Timing` header (tokenize, queue, inference, postprocess).
 """
 
@@ -138,6 +140,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.service_state = state
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(v2_router)
     app.include_router(admin_router)
     # Added innermost first: the request-context middleware wraps everything, CORS headers
     # reach error responses too, oversized bodies stop before FastAPI parses them, and excess

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
@@ -11,7 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from processing.tasks import TASK_PATHS
 
-from .errors import ERRORS, RETRY_AFTER_S, domain_error_response
+from .errors import ERRORS, RETRY_AFTER_S, domain_error_response, is_v2_path, v2_errors
 from .logs import new_request_id, request_id_var
 from .metrics import Metrics
 from .request_errors import BodyTooLarge, InternalError, Overloaded
@@ -23,20 +24,42 @@ KNOWN_PATHS = set(TASK_PATHS) | {
     "/ready",
     "/metrics",
     "/models",
+    "/tokenize",
     "/docs",
     "/openapi.json",
     "/redoc",
+    "/v2",
+    "/v2/health/live",
+    "/v2/health/ready",
 }
-QUIET_PATHS = {"/health", "/ready", "/metrics"}
+QUIET_PATHS = {"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"}
 ADMIN_PREFIX = "/admin/"
 MODEL_SCOPE_KEY = "bert.model"  # set by the route to the model that served the request
+# /v2/models/{name}[/versions/{version}][/ready | /infer]: labelled by the route, never the raw name.
+V2_MODEL_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?(?P<verb>/ready|/infer)?$")
 
 
 def endpoint_label(path: str) -> str:
     # Raw paths would let any client create unbounded metric label values.
     if path.startswith(ADMIN_PREFIX):
         return "/admin"
+    v2 = V2_MODEL_PATH.match(path)
+    if v2:
+        return "/v2/models/{name}" + (v2["verb"] or "")
     return path if path in KNOWN_PATHS else "other"
+
+
+def inference_task(scope: Scope) -> str | None:
+    """The task a POST is inference for (its in-flight limit): a task route's, or a V2 infer's
+    model's (looked up by name; an unknown name goes through, to be answered 404 by the route)."""
+    path = scope["path"]
+    if path in TASK_PATHS:
+        return TASK_PATHS[path]
+    v2 = V2_MODEL_PATH.match(path)
+    if v2 and v2["verb"] == "/infer" and "app" in scope:
+        model = scope["app"].state.service_state.registry.models.get(v2["name"])
+        return model.task if model is not None else None
+    return None
 
 
 class InFlight:
@@ -70,8 +93,8 @@ class AdmissionMiddleware:
         self.active = dict.fromkeys(TASK_PATHS.values(), 0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = TASK_PATHS.get(scope["path"]) if scope["type"] == "http" else None
-        if task is None or scope["method"] != "POST":
+        task = inference_task(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if task is None or task not in self.active:
             await self.app(scope, receive, send)
             return
         if self.active[task] >= self.max_in_flight:
@@ -100,6 +123,7 @@ class RequestContextMiddleware:
             return
         request_id = new_request_id(Headers(scope=scope).get("x-request-id"))
         token = request_id_var.set(request_id)
+        family = v2_errors.set(is_v2_path(scope["path"]))  # which error body the request gets
         endpoint = endpoint_label(scope["path"])
         state: dict[str, Any] = {"status": ERRORS[InternalError].status, "started": False}
 
@@ -140,6 +164,7 @@ class RequestContextMiddleware:
                 },
             )
             request_id_var.reset(token)
+            v2_errors.reset(family)
 
 
 class BodyLimitMiddleware:

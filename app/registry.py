@@ -229,8 +229,10 @@ class Registry:
         names = self.names(task)
         return names[0] if len(names) == 1 else None
 
-    def resolve(self, task: str, name: str | None) -> Model:
+    def resolve(self, task: str | None, name: str | None) -> Model:
+        """The model `name` (of `task`, if given), or the task's default."""
         if name is None:
+            assert task is not None, "a request for any task must name its model"
             name = self.default_name(task)
             if name is None:
                 choices = self.names(task)
@@ -244,7 +246,7 @@ class Registry:
         if model is None or model.status == "unloaded":
             state = "is unloaded" if model is not None else "does not exist"
             raise NoModel(f"model {name!r} {state}; models: {self._listing()}")
-        if model.task != task:
+        if task is not None and model.task != task:
             raise NoModel(
                 f"model {name!r} serves {model.task}, not {task}; {task} models: "
                 f"{', '.join(self.names(task)) or 'none'}"
@@ -254,7 +256,25 @@ class Registry:
     def _listing(self) -> str:
         return ", ".join(f"{n} ({self.models[n].task})" for n in self.names()) or "none"
 
-    def serving(self, task: str, name: str | None = None) -> Bundle:
+    def shared_tokenizer_model(self) -> str:
+        """A model to tokenize with when the request names none: any serving one, if they all read
+        the same tokenizer files (by sha256); else the request must say which."""
+        serving = [m for m in self.models.values() if m.current is not None and m.status != "unloaded"]
+        tokenizers = {
+            tuple(sorted((f, i.sha256) for f, i in m.current.manifest.tokenizer_files.items()))
+            for m in serving
+            if m.current is not None
+        }
+        if len(tokenizers) == 1:
+            return serving[0].name
+        if not serving:
+            raise ModelLoading("no model is serving yet")
+        raise ModelRequired(
+            f"the models use {len(tokenizers)} different tokenizers: name one in the 'model' field "
+            f"({', '.join(m.name for m in serving)})"
+        )
+
+    def serving(self, task: str | None, name: str | None = None) -> Bundle:
         """The version serving `name` (or the task's default), without leasing it."""
         model = self.resolve(task, name)
         if model.current is not None:
@@ -268,7 +288,7 @@ class Registry:
         raise ModelLoading(f"model {model.name!r} is still loading")
 
     @contextlib.contextmanager
-    def lease(self, task: str, name: str | None = None) -> Iterator[Bundle]:
+    def lease(self, task: str | None, name: str | None = None) -> Iterator[Bundle]:
         """Serve one request on the version in service now, whatever swaps happen meanwhile."""
         bundle = self.serving(task, name)
         bundle.leases += 1

@@ -32,6 +32,11 @@ class InvalidInput(RequestError):
     that does not fit the question's window)."""
 
 
+class InvalidTensor(RequestError):
+    """A V2 inference request whose tensors do not fit the model's: an unknown or missing input, a
+    wrong datatype, a shape that does not match the data or the model, an unknown parameter."""
+
+
 class BodyTooLarge(RequestError):
     """A request body beyond MAX_BODY_BYTES."""
 

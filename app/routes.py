@@ -20,12 +20,16 @@ from pydantic import SecretStr
 from processing.tasks import TASKS, TaskSpec
 
 from . import schemas
-from .errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES
+from .batcher import Schedule
+from .errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
+from .loader import Bundle
 from .middleware import MODEL_SCOPE_KEY
+from .model_errors import NoModel
 from .model_listing import list_models
 from .request_errors import Unauthorized
-from .schemas import HealthResponse, ModelsResponse, ReadyResponse
-from .services import SERVICES, TaskService, Timings, service_of
+from .scheduling import current_schedule, schedule_for
+from .schemas import HealthResponse, ModelsResponse, ReadyResponse, TokenizeRequest, TokenOut
+from .services import SERVICES, TaskService, Timings, service_of, tokenize_texts
 
 router = APIRouter()
 
@@ -57,24 +61,59 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 async def serve(request: Request, response: Response, kind: type[TaskService], body: Any) -> Any:
     """Run `body` on the service of type `kind` (its task's) of the model the request picks."""
+    # Every task request has `timeout_ms` and `priority` (schemas.Request); a body without them
+    # is scheduled by its headers alone.
+    schedule = schedule_for(
+        request.headers, getattr(body, "timeout_ms", None), getattr(body, "priority", None)
+    )
+    return await run_leased(
+        request,
+        response,
+        kind.task,
+        body.model,
+        lambda bundle, timings: service_of(bundle, kind)(body, timings),
+        schedule,
+    )
+
+
+def not_serving(model: str, version: str, serving: str | None) -> NoModel:
+    return NoModel(f"model {model!r} does not serve version {version!r} (serving: {serving or 'none'})")
+
+
+async def run_leased(
+    request: Request,
+    response: Response,
+    task: str | None,
+    model: str | None,
+    work: Callable[[Bundle, Timings], Awaitable[Any]],
+    schedule: Schedule | None = None,
+    version: str | None = None,
+) -> Any:
+    """Run `work` on the version serving `model` (of `task`, if given; or the task's default) under the
+    request's schedule; drop it if the client goes away. With `version`, only that version may serve."""
     state = state_of(request)
-    task = kind.task
     # The version serving now answers the whole request, even if a new one is swapped in meanwhile.
-    with state.registry.lease(task, body.model) as bundle:
+    with state.registry.lease(task, model) as bundle:
+        if version is not None and version != bundle.version:
+            raise not_serving(bundle.name, version, bundle.version)
         request.scope[MODEL_SCOPE_KEY] = bundle.name
         timings = Timings()
-        work = asyncio.ensure_future(service_of(bundle, kind)(body, timings))
+        scheduled = current_schedule.set(schedule)  # the task below copies it
+        try:
+            work_task = asyncio.ensure_future(work(bundle, timings))
+        finally:
+            current_schedule.reset(scheduled)
         watcher = asyncio.ensure_future(_wait_for_disconnect(request))
         try:
-            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not work.done():
-                work.cancel()  # client gone (or we were cancelled): its queued work is dropped
+            if not work_task.done():
+                work_task.cancel()  # client gone (or we were cancelled): its queued work is dropped
             watcher.cancel()
-        if not work.done() or work.cancelled():
+        if not work_task.done() or work_task.cancelled():
             return Response(status_code=CLIENT_CLOSED)
-        result = work.result()
-    timings.observe(state.metrics, task, bundle.name)
+        result = work_task.result()
+    timings.observe(state.metrics, bundle.task, bundle.name)
     response.headers["Server-Timing"] = timings.header()
     response.headers["X-Model"] = bundle.name
     response.headers["X-Model-Version"] = bundle.version
@@ -115,6 +154,30 @@ for spec in TASKS.values():
     )
 
 
+@router.post(
+    "/tokenize",
+    response_model=list[list[TokenOut]],
+    responses=TOKENIZE_RESPONSES,
+    dependencies=[Depends(require_api_key)],
+    summary="Tokens with ids and character offsets, from a model's tokenizer (TEI's /tokenize)",
+)
+async def tokenize(body: TokenizeRequest, request: Request, response: Response) -> Any:
+    model = body.model or state_of(request).registry.shared_tokenizer_model()
+    settings = state_of(request).settings
+    return await run_leased(
+        request, response, None, model, lambda bundle, _: tokenize_texts(bundle, body, settings)
+    )
+
+
+def readiness(request: Request) -> tuple[bool, str, dict[str, str], dict[str, str]]:
+    """The registry's readiness, and never ready while shutting down (/ready, /v2/health/ready)."""
+    state = state_of(request)
+    is_ready, status, models, errors = state.registry.readiness()
+    if state.shutting_down:
+        is_ready, status = False, "shutting_down"
+    return is_ready, status, models, errors
+
+
 @router.get("/health", response_model=HealthResponse, summary="Liveness: the process answers")
 async def health() -> HealthResponse:
     return HealthResponse()
@@ -127,10 +190,7 @@ async def health() -> HealthResponse:
     summary="Readiness: every bundle loaded and warmed, and not shutting down",
 )
 async def ready(request: Request) -> JSONResponse:
-    state = state_of(request)
-    is_ready, status, models, errors = state.registry.readiness()
-    if state.shutting_down:
-        is_ready, status = False, "shutting_down"
+    is_ready, status, models, errors = readiness(request)
     body = ReadyResponse(ready=is_ready, status=status, models=models, errors=errors)
     return JSONResponse(body.model_dump(), status_code=200 if is_ready else NOT_READY)
 

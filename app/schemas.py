@@ -16,6 +16,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .repository import MODEL_NAME
+from .scheduling import MAX_TIMEOUT_MS, PRIORITY_HEADER, TIMEOUT_HEADER
 
 
 def _check_text(value: str) -> str:
@@ -72,10 +73,32 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
+TimeoutMs = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=MAX_TIMEOUT_MS,
+        description="Deadline in ms from when the body is read: work still queued then is dropped and the "
+        f"request answers 504 (header: {TIMEOUT_HEADER})",
+    ),
+    BeforeValidator(_json_integer),
+]
+PriorityName = Annotated[
+    Literal["high", "normal"],
+    Field(
+        description="high: batched before normal work younger than PRIORITY_AGING_MS "
+        f"(header: {PRIORITY_HEADER})"
+    ),
+]
+
+
 class Request(Strict):
-    """A task request: the `model` field picks the model by name (see app/README.md)."""
+    """A task request: the `model` field picks the model by name (see app/README.md); `timeout_ms` and
+    `priority` schedule it (app/scheduling.py)."""
 
     model: ModelName | None = None
+    timeout_ms: TimeoutMs | None = None
+    priority: PriorityName | None = None
 
 
 # ----------------------------------------------------------------------------- classify
@@ -241,6 +264,38 @@ class AnswerOut(BaseModel):
 class QAResponse(BaseModel):
     answers: list[AnswerOut]
     windows: int = Field(description="Context windows the model read")
+
+
+# ----------------------------------------------------------------------------- tokenize
+
+
+class TokenizeRequest(Strict):
+    """TEI's /tokenize request, with the `model` field of every route here."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={"examples": [{"inputs": "Angela Merkel met Emmanuel Macron."}]},
+    )
+    inputs: Text | Annotated[list[Text], Field(min_length=1)] = Field(
+        description="One text, or a list (answered as a list per text)"
+    )
+    add_special_tokens: StrictBool = Field(True, description="Show the [CLS] and [SEP] the model reads")
+    model: ModelName | None = Field(
+        None, description="Whose tokenizer (a name from /models); default: any, when all models share one"
+    )
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.inputs] if isinstance(self.inputs, str) else self.inputs
+
+
+class TokenOut(BaseModel):
+    id: int
+    text: str = Field(description="input[start:stop]; for a special token the tokenizer added, its name")
+    special: bool = Field(description="Added by the tokenizer ([CLS], [SEP]), not read from the text")
+    start: int | None = Field(description="Character offset, inclusive; null for a special token")
+    stop: int | None = Field(description="Character offset, exclusive; null for a special token")
 
 
 # ----------------------------------------------------------------------------- operations

@@ -27,6 +27,7 @@ from processing.words import LEGACY_WORD_SPLIT
 from .batcher import ItemResult, WorkItem
 from .metrics import Metrics
 from .request_errors import InvalidInput, TextTooLong, TooManyChoices, TooManyInputs
+from .scheduling import current_schedule
 from .schemas import (
     AnswerOut,
     ChoiceRequest,
@@ -40,6 +41,8 @@ from .schemas import (
     NERResponse,
     QARequest,
     QAResponse,
+    TokenizeRequest,
+    TokenOut,
 )
 from .settings import Settings
 
@@ -122,8 +125,9 @@ class TaskService:
         self.window_overlap = min(overlap, (self.max_seq_len - 2) // 2)
 
     async def infer(self, items: list[WorkItem], timings: Timings) -> list[ItemResult]:
-        """Submit (raises QueueFull / TooLarge / BatcherClosed at once) and wait for every item."""
-        futures = self.batcher.submit(items)
+        """Submit under the request's schedule (raises QueueFull / TooLarge / BatcherClosed /
+        DeadlineExceeded at once) and wait for every item."""
+        futures = self.batcher.submit(items, current_schedule.get())
         started = time.perf_counter()
         try:
             results = await gather_all(futures)
@@ -338,6 +342,34 @@ class QAService(TaskService):
             answers=[AnswerOut(text=a.text, start=a.start, end=a.end, score=a.score) for a in answers],
             windows=len(qa_input.windows),
         )
+
+
+async def tokenize_texts(
+    bundle: Bundle, request: TokenizeRequest, settings: Settings
+) -> list[list[TokenOut]]:
+    """/tokenize: every text's tokens with their offsets, from the model's own tokenizer."""
+    assert bundle.tokenizer is not None
+    texts = request.texts
+    if len(texts) > settings.max_batch_items:
+        raise TooManyInputs(
+            f"inputs has {len(texts)} items; the limit is {settings.max_batch_items} (MAX_BATCH_ITEMS)",
+            "inputs",
+        )
+    for n, text in enumerate(texts):
+        field = "inputs" if isinstance(request.inputs, str) else f"inputs.{n}"
+        check_chars(text, settings.max_text_chars, field, "MAX_TEXT_CHARS")
+
+    def spans() -> list[list[TokenOut]]:
+        assert bundle.tokenizer is not None
+        return [
+            [
+                TokenOut(**vars(span))
+                for span in bundle.tokenizer.token_spans(text, request.add_special_tokens)
+            ]
+            for text in texts
+        ]
+
+    return await cpu_step(sum(map(len, texts)), spans)
 
 
 SERVICES: dict[str, type[TaskService]] = {

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     )
     max_wait_ms: float = Field(0.0, ge=0, description="0 = continuous batching (no wait)")
     max_queue: int = Field(512, ge=1, description="Queued work items per model before 429")
+    priority_aging_ms: float = Field(
+        500.0, ge=0, description="Normal-priority work queued this long is batched as if it were high"
+    )
     max_in_flight: int = Field(
         128, ge=1, description="Requests per task endpoint being served at once before 429"
     )

@@ -16,6 +16,35 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Tensor:
+    """One named tensor of a task's KServe V2 / Open Inference Protocol interface (app/v2.py).
+
+    The first axis is always the batch: row i of every input makes the i-th native request, and
+    its native answer makes row i of every output. An input fills the request field of its name;
+    an output reads `field` of the answer (a dotted path, `answers.0.text`; default: its name).
+    """
+
+    name: str
+    datatype: str  # BYTES: text, or JSON where the value is not a string; FP32, INT64, BOOL
+    shape: tuple[int, ...]  # -1: any size
+    field: str = ""
+    optional: bool = False  # inputs only
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return tuple((self.field or self.name).split("."))
+
+
+@dataclass(frozen=True)
+class V2:
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+
+
+ROW = (-1,)  # one value per batch row
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     name: str
     path: str  # the HTTP route
@@ -26,6 +55,7 @@ class TaskSpec:
     metric: str  # the validation metric that picks the best checkpoint
     token_axes: tuple[str, ...]  # the symbolic shape of input_ids, attention_mask, token_type_ids
     outputs: tuple[tuple[str, tuple[str, ...]], ...]  # graph outputs: name, symbolic shape ("labels" = n)
+    v2: V2  # its tensors on /v2/models/{name}/infer
 
     @property
     def choices(self) -> bool:
@@ -61,6 +91,16 @@ TASKS: dict[str, TaskSpec] = {
             metric="accuracy",
             token_axes=TOKENS,
             outputs=(("logits", ("batch", "labels")),),
+            v2=V2(
+                inputs=(Tensor("text", "BYTES", ROW), Tensor("text_pair", "BYTES", ROW, optional=True)),
+                outputs=(
+                    Tensor("label", "BYTES", ROW),
+                    Tensor("score", "FP32", ROW),  # the predicted value, for a regression model
+                    Tensor("scores", "BYTES", ROW),  # JSON: [{"label", "score"}], best first
+                    Tensor("truncated", "BOOL", ROW),
+                    Tensor("windows", "INT64", ROW),
+                ),
+            ),
         ),
         TaskSpec(
             name="ner",
@@ -72,6 +112,13 @@ TASKS: dict[str, TaskSpec] = {
             metric="f1",
             token_axes=TOKENS,
             outputs=(("logits", ("batch", "sequence", "labels")),),
+            v2=V2(
+                inputs=(Tensor("text", "BYTES", ROW),),
+                outputs=(
+                    Tensor("entities", "BYTES", ROW),  # JSON: [{"entity", "text", "start", "end", "score"}]
+                    Tensor("windows", "INT64", ROW),
+                ),
+            ),
         ),
         TaskSpec(
             name="multiple-choice",
@@ -83,6 +130,18 @@ TASKS: dict[str, TaskSpec] = {
             metric="accuracy",
             token_axes=("batch", "choices", "sequence"),
             outputs=(("logits", ("batch", "choices")),),
+            v2=V2(
+                inputs=(
+                    Tensor("context", "BYTES", ROW),
+                    Tensor("question", "BYTES", ROW, optional=True),
+                    Tensor("choices", "BYTES", (-1, -1)),
+                ),
+                outputs=(
+                    Tensor("best", "INT64", ROW),
+                    Tensor("choice", "BYTES", ROW),
+                    Tensor("scores", "FP32", (-1, -1)),
+                ),
+            ),
         ),
         TaskSpec(
             name="qa",
@@ -94,6 +153,17 @@ TASKS: dict[str, TaskSpec] = {
             metric="f1",
             token_axes=TOKENS,
             outputs=(("start_logits", TOKENS), ("end_logits", TOKENS)),
+            v2=V2(
+                inputs=(Tensor("question", "BYTES", ROW), Tensor("context", "BYTES", ROW)),
+                outputs=(
+                    Tensor("answer", "BYTES", ROW, "answers.0.text"),  # the best; "" for no answer
+                    Tensor("score", "FP32", ROW, "answers.0.score"),
+                    Tensor("start", "INT64", ROW, "answers.0.start"),
+                    Tensor("end", "INT64", ROW, "answers.0.end"),
+                    Tensor("answers", "BYTES", ROW),  # JSON: all top_k [{"text", "start", "end", "score"}]
+                    Tensor("windows", "INT64", ROW),
+                ),
+            ),
         ),
     )
 }

@@ -52,6 +52,18 @@ class Encoding:
         return np.ones_like(self.input_ids)
 
 
+@dataclass
+class TokenSpan:
+    """One token as /tokenize shows it (TEI's shape): `text` is the input's text[start:stop], or for a
+    token the tokenizer added ([CLS], [SEP]) its name, with no offsets."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
 class TextTokenizer:
     def __init__(self, tokenizer: Tokenizer, do_lower_case: bool = True):
         tokenizer.no_truncation()
@@ -118,6 +130,20 @@ class TextTokenizer:
         shift = np.where(tokens.word_ids >= 0, starts[np.maximum(tokens.word_ids, 0)], 0)
         tokens.offsets = tokens.offsets + shift[:, None]
         return tokens
+
+    def token_spans(self, text: str, add_special_tokens: bool = True) -> list[TokenSpan]:
+        """The tokens the model reads for `text` alone (build's [CLS] text [SEP]), with offsets."""
+        tokens = self.tokenize(text)
+        ids, offsets, special = tokens.ids, tokens.offsets, np.zeros(len(tokens), dtype=bool)
+        if add_special_tokens:
+            encoding = self.build(tokens)
+            ids, offsets, special = encoding.input_ids, encoding.offsets, encoding.sequence_ids < 0
+        return [
+            TokenSpan(int(i), self.tokenizer.id_to_token(int(i)), True, None, None)
+            if added
+            else TokenSpan(int(i), text[start:stop], False, int(start), int(stop))
+            for i, (start, stop), added in zip(ids, offsets, special, strict=True)
+        ]
 
     # ------------------------------------------------------------------ assembling
 

@@ -132,6 +132,8 @@ async def test_openapi_examples_all_work(models_dir):
         for path, item in spec["paths"].items():
             if "post" not in item or "requestBody" not in item["post"]:
                 continue  # the admin API's POSTs take no body
+            if "{" in path:
+                continue  # V2's example needs a model name in the path: tests/app/test_v2.py tries it
             ref = item["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
             examples = spec["components"]["schemas"][ref.rsplit("/", 1)[-1]]["examples"]
             assert examples, f"{path} has no example"

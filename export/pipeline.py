@@ -35,6 +35,7 @@ from .bundle import (
 )
 from .invariance import batch_invariance
 from .onnx_export import DEFAULT_OPSET, ExportError, OnnxHead, export_onnx, load_head
+from .sentence_encoder import SentenceEncoderError, is_sentence_transformers, read_pooling
 from .verify import (
     FP32_TOLERANCE,
     VerificationError,
@@ -182,6 +183,8 @@ def export_bundle(
     eval_batches: list[dict[str, np.ndarray]] | None = None,
     metric_fn: Callable[[list[dict[str, np.ndarray]]], dict] | None = None,
     qa_defaults: dict[str, int] | None = None,
+    pooling: str | None = None,
+    normalize: bool | None = None,
     name: str | None = None,
     opset: int = DEFAULT_OPSET,
     overwrite: bool = False,
@@ -190,8 +193,10 @@ def export_bundle(
     """Export `checkpoint` (a directory, or a hub id fetched at `revision`) into the bundle `out_dir`.
 
     The head is `task`, else config.task, else what config.json `architectures` names
-    (onnx_export.checkpoint_task). Raises ExportError / VerificationError (naming the offending
-    case) and leaves `out_dir` untouched when any check fails. Returns `out_dir`.
+    (onnx_export.checkpoint_task); a sentence-transformers folder is an embed model. `pooling` /
+    `normalize` replace what a sentence encoder's folder says. Raises ExportError /
+    VerificationError (naming the offending case) and leaves `out_dir` untouched when any check
+    fails. Returns `out_dir`.
     """
     out_dir = Path(out_dir)
     unknown = [v for v in variants if v not in VARIANTS]
@@ -207,10 +212,30 @@ def export_bundle(
     except CheckpointError as e:
         raise ExportError(str(e)) from e
     from_hub = not Path(checkpoint).is_dir()
+    source_dir = checkpoint_dir
     log(f"loading {checkpoint_dir}")
-    model, config = load_head(checkpoint_dir, task)
-    task = config.task
-    max_seq_len = max_seq_len or config.max_position_embeddings
+    encoder = None  # how a sentence encoder pools (export.sentence_encoder)
+    try:
+        if is_sentence_transformers(checkpoint_dir):
+            if task not in (None, "embed"):
+                raise ExportError(
+                    f"{checkpoint_dir} is a sentence-transformers folder: it exports as embed, not {task}"
+                )
+            task = "embed"
+        if task == "embed":
+            encoder = read_pooling(checkpoint_dir, pooling, normalize)
+            checkpoint_dir = encoder.checkpoint
+        model, config = load_head(checkpoint_dir, task, pooling)
+        task = config.task
+        if task == "embed" and encoder is None:  # a BertModel, found by its `architectures`
+            encoder = read_pooling(checkpoint_dir, pooling, normalize)
+    except SentenceEncoderError as e:
+        raise ExportError(str(e)) from e
+    if encoder is None and (pooling is not None or normalize is not None):
+        raise ExportError(f"pooling / normalize apply to sentence encoders (embed), not to a {task} head")
+    max_seq_len = (
+        max_seq_len or (encoder.max_seq_length if encoder else None) or config.max_position_embeddings
+    )
     if not 2 <= max_seq_len <= config.max_position_embeddings:
         raise ExportError(
             f"max_seq_len {max_seq_len} must be in "
@@ -238,13 +263,13 @@ def export_bundle(
         manifest = BundleManifest(
             format_version=FORMAT_VERSION,
             task=task,
-            name=name or (str(checkpoint).rsplit("/", 1)[-1] if from_hub else checkpoint_dir.resolve().name),
+            name=name or (str(checkpoint).rsplit("/", 1)[-1] if from_hub else source_dir.resolve().name),
             labels=labels,
             problem_type=problem_type,
             max_seq_len=max_seq_len,
             do_lower_case=_do_lower_case(checkpoint_dir),
-            inputs=task_io(task, config.num_labels)[0],
-            outputs=task_io(task, config.num_labels)[1],
+            inputs=task_io(task, config.num_labels, config.hidden_size)[0],
+            outputs=task_io(task, config.num_labels, config.hidden_size)[1],
             variants={
                 v: VariantInfo(
                     FILES[v],
@@ -258,6 +283,7 @@ def export_bundle(
             },
             tokenizer_files=_copy_tokenizer(checkpoint_dir, stage),
             qa_defaults=qa,
+            pooling=encoder.manifest(config.hidden_size) if encoder else None,
             preprocessing=_preprocessing(config, task),
             verification=run.verification,
             optimization=run.optimization,
@@ -302,7 +328,7 @@ class _Run:
         export_onnx(model, self.config, self.paths["fp32"], opset)
         self.cases = verification_cases(self.task, self.config.vocab_size, max_seq_len)
         wrapper = OnnxHead(model, self.task).eval()
-        names = [o["name"] for o in task_io(self.task, self.config.num_labels)[1]]
+        names = [o["name"] for o in task_io(self.task)[1]]
         self.references = [run_torch(wrapper, names, case.feeds) for case in self.cases]
         self.verification["fp32"] = self._compare("fp32", FP32_TOLERANCE)
         require_passed("fp32", self.verification["fp32"])

@@ -63,6 +63,8 @@ class TaskSpec:
     architectures: tuple[str, ...] = ()
     # Fine-tuned by train/ (a reader, features, a metric); False: served as exported, never trained.
     trained: bool = True
+    # Other protocols' routes onto this task's service (app/routes.py), counted as the task's own.
+    protocol_paths: tuple[str, ...] = ()
 
     @property
     def choices(self) -> bool:
@@ -195,10 +197,13 @@ TASKS: dict[str, TaskSpec] = {
             ),
             architectures=("BertModel",),  # a base encoder (or sentence-transformers' module 0)
             trained=False,
+            protocol_paths=("/v1/embeddings", "/similarity"),
         ),
     )
 }
 MODEL_AXES = ("labels", "hidden")  # output axes whose size the model fixes
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 TRAINED_TASKS: tuple[str, ...] = tuple(name for name, spec in TASKS.items() if spec.trained)
-TASK_PATHS: dict[str, str] = {spec.path: spec.name for spec in TASKS.values()}
+TASK_PATHS: dict[str, str] = {
+    path: spec.name for spec in TASKS.values() for path in (spec.path, *spec.protocol_paths)
+}

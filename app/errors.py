@@ -32,6 +32,7 @@ from .model_errors import (
 )
 from .request_errors import (
     BodyTooLarge,
+    InputTooLong,
     InternalError,
     InvalidInput,
     InvalidTensor,
@@ -76,6 +77,7 @@ class Status:
 ERRORS: dict[type[Exception], Status] = {
     # requests (app/request_errors.py)
     TextTooLong: Status(413, "text_too_long"),
+    InputTooLong: Status(413, "input_too_long"),
     BodyTooLarge: Status(413, "payload_too_large"),
     TooManyInputs: Status(422, "too_many_inputs"),
     TooManyChoices: Status(422, "too_many_choices"),

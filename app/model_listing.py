@@ -71,6 +71,9 @@ def model_info(registry: Registry, model: Model) -> ModelInfo:
             instances=runtime.instances if runtime else None,
             max_seq_len=manifest.max_seq_len,
             qa_defaults=manifest.qa_defaults if manifest.task == "qa" else None,
+            pooling={k: v for k, v in manifest.pooling.items() if k != "source"}
+            if manifest.pooling
+            else None,
             load_seconds=bundle.load_seconds,
             limits=limits,
         )

@@ -19,8 +19,12 @@ class TextTooLong(RequestError):
     """A text, question, context or choice beyond MAX_TEXT_CHARS / MAX_QA_CONTEXT_CHARS."""
 
 
+class InputTooLong(RequestError):
+    """An input of more tokens than the model reads, when the request asked not to truncate it."""
+
+
 class TooManyInputs(RequestError):
-    """A batch /classify request with more texts than MAX_BATCH_ITEMS."""
+    """A batch /classify or embedding request with more texts than MAX_BATCH_ITEMS."""
 
 
 class TooManyChoices(RequestError):

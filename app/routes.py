@@ -28,8 +28,18 @@ from .model_errors import NoModel
 from .model_listing import list_models
 from .request_errors import Unauthorized
 from .scheduling import current_schedule, schedule_for
-from .schemas import HealthResponse, ModelsResponse, ReadyResponse, TokenizeRequest, TokenOut
-from .services import SERVICES, TaskService, Timings, service_of, tokenize_texts
+from .schemas import (
+    HealthResponse,
+    ModelsResponse,
+    OpenAIEmbeddingRequest,
+    OpenAIEmbeddingResponse,
+    ReadyResponse,
+    SimilarityRequest,
+    SimilarityResponse,
+    TokenizeRequest,
+    TokenOut,
+)
+from .services import SERVICES, EmbedService, TaskService, Timings, service_of, tokenize_texts
 
 router = APIRouter()
 
@@ -59,21 +69,26 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def serve(request: Request, response: Response, kind: type[TaskService], body: Any) -> Any:
-    """Run `body` on the service of type `kind` (its task's) of the model the request picks."""
+async def serve(
+    request: Request,
+    response: Response,
+    kind: type[TaskService],
+    body: Any,
+    call: Callable[..., Awaitable[Any]] | None = None,
+) -> Any:
+    """Run `body` on the service of type `kind` (its task's) of the model the request picks: the
+    service itself, or `call(service, body, timings)` (a protocol adapter's method of it)."""
     # Every task request has `timeout_ms` and `priority` (schemas.Request); a body without them
     # is scheduled by its headers alone.
     schedule = schedule_for(
         request.headers, getattr(body, "timeout_ms", None), getattr(body, "priority", None)
     )
-    return await run_leased(
-        request,
-        response,
-        kind.task,
-        body.model,
-        lambda bundle, timings: service_of(bundle, kind)(body, timings),
-        schedule,
-    )
+
+    async def work(bundle: Bundle, timings: Timings) -> Any:
+        service = service_of(bundle, kind)
+        return await (call(service, body, timings) if call else service(body, timings))
+
+    return await run_leased(request, response, kind.task, body.model, work, schedule)
 
 
 def not_serving(model: str, version: str, serving: str | None) -> NoModel:
@@ -117,6 +132,7 @@ async def run_leased(
     response.headers["Server-Timing"] = timings.header()
     response.headers["X-Model"] = bundle.name
     response.headers["X-Model-Version"] = bundle.version
+    response.headers.update(getattr(result, "_headers", None) or {})  # e.g. what happened to long inputs
     return result
 
 
@@ -176,6 +192,29 @@ def readiness(request: Request) -> tuple[bool, str, dict[str, str], dict[str, st
     if state.shutting_down:
         is_ready, status = False, "shutting_down"
     return is_ready, status, models, errors
+
+
+# Other protocols' routes onto a registry task's service: OpenAI's and TEI's embedding endpoints.
+@router.post(
+    "/v1/embeddings",
+    response_model=OpenAIEmbeddingResponse,
+    responses=TASK_RESPONSES,
+    dependencies=[Depends(require_api_key)],
+    summary="Sentence embeddings, OpenAI-compatible (float or base64, with token usage)",
+)
+async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, EmbedService, body, EmbedService.openai)
+
+
+@router.post(
+    "/similarity",
+    response_model=SimilarityResponse,
+    responses=TASK_RESPONSES,
+    dependencies=[Depends(require_api_key)],
+    summary="Cosine similarity of a source sentence with each of a list (text-embeddings-inference's)",
+)
+async def similarity(body: SimilarityRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, EmbedService, body, EmbedService.similarity)
 
 
 @router.get("/health", response_model=HealthResponse, summary="Liveness: the process answers")

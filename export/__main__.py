@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from processing.embed import POOLING_MODES
+
 from .bundle import DEFAULT_QA, TASKS, BundleError, load_bundle_manifest
 
 ALL_VARIANTS = ("fp32", "fused", "int8", "int8-rowwise", "fp16")
@@ -21,9 +23,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "trainer writes it, to a self-describing bundle: ONNX variants, tokenizer files and "
             "bundle.json with hashes and verification / fusion / quantization reports. The head comes "
             "from config.json `architectures` (BertForSequenceClassification, BertForTokenClassification, "
-            "BertForMultipleChoice, BertForQuestionAnswering) or --task, the labels from `id2label`, "
-            "regression from `problem_type` or a single label. Fails (exit 1, nothing written) when the "
-            "ONNX graph disagrees with PyTorch."
+            "BertForMultipleChoice, BertForQuestionAnswering; BertModel or a sentence-transformers folder: "
+            "embed) or --task, the labels from `id2label`, regression from `problem_type` or a single "
+            "label. Fails (exit 1, nothing written) when the ONNX graph disagrees with PyTorch."
         ),
     )
     parser.add_argument(
@@ -74,6 +76,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help=f"longest answer span in tokens (default {DEFAULT_QA['max_answer_len']})",
+    )
+    embed = parser.add_argument_group("sentence encoders (embed)")
+    embed.add_argument(
+        "--pooling",
+        choices=POOLING_MODES,
+        default=None,
+        help="how token states pool into one vector; default: the sentence-transformers folder's "
+        "1_Pooling/config.json, else mean (a plain BertModel)",
+    )
+    embed.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether the model's own vectors are L2-normalized; default: the folder has a Normalize module",
     )
     parser.add_argument(
         "--eval-features",
@@ -132,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             max_seq_len=args.max_seq_len,
             eval_batches=batches,
             qa_defaults=qa or None,
+            pooling=args.pooling,
+            normalize=args.normalize,
             name=args.name,
             opset=args.opset,
             overwrite=args.overwrite,

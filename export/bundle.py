@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from processing.embed import POOLING_MODES
 from processing.files import sha256_file
 from processing.tasks import TASK_NAMES
 from processing.tasks import TASKS as TASK_SPECS
@@ -46,13 +47,15 @@ class BundleError(ValueError):
     """A bundle is missing, malformed, or its files do not match the manifest."""
 
 
-def task_io(task: str, num_labels: int | None = None) -> tuple[list[dict], list[dict]]:
+def task_io(
+    task: str, num_labels: int | None = None, hidden_size: int | None = None
+) -> tuple[list[dict], list[dict]]:
     """Input and output tensor specs (name, dtype, symbolic shape) for a task's graph."""
     if task not in TASKS:
         raise BundleError(f"unknown task {task!r}; expected one of {TASKS}")
     spec = TASK_SPECS[task]
     inputs = [{"name": n, "dtype": "int64", "shape": list(spec.token_axes)} for n in INPUT_NAMES]
-    shapes = spec.output_shapes(num_labels)
+    shapes = spec.output_shapes(num_labels, hidden_size)
     outputs = [{"name": n, "dtype": "float32", "shape": s} for n, s in shapes.items()]
     return inputs, outputs
 
@@ -89,6 +92,9 @@ class BundleManifest:
     variants: dict[str, VariantInfo]
     tokenizer_files: dict[str, FileInfo]
     qa_defaults: dict[str, int] | None = None
+    # Sentence encoders (embed): mode (mean | cls | max, pooled in the graph), normalize (what the
+    # model's own vectors are), dimensions, source.
+    pooling: dict[str, Any] | None = None
     # Rules training used that serving repeats: word_split (NER), window_overlap.
     preprocessing: dict[str, Any] = field(default_factory=dict)
     verification: dict[str, Any] = field(default_factory=dict)
@@ -162,6 +168,12 @@ def manifest_from_dict(data: dict[str, Any], where: str = MANIFEST_NAME) -> Bund
         raise BundleError(f"{where}: unknown task {data['task']!r}; expected one of {TASKS}")
     if TASK_SPECS[data["task"]].labelled and not data["labels"]:
         raise BundleError(f"{where}: task {data['task']!r} needs a non-empty labels list")
+    if data["task"] == "embed":
+        pooling = data.get("pooling")
+        if not isinstance(pooling, dict) or pooling.get("mode") not in POOLING_MODES:
+            raise BundleError(
+                f"{where}: an embed bundle needs pooling.mode, one of {', '.join(POOLING_MODES)}"
+            )
     if not data["variants"]:
         raise BundleError(f"{where}: no variants listed")
     variants = {}

@@ -4,8 +4,9 @@
 
 For each default model: rebuild the full checkpoint from the MiniLM pip package plus
 its low-rank deltas (model.compact), then export, verify, optimize and quantize it
-(export.pipeline). Bundles whose sources have not changed are kept, so later runs
-take seconds.
+(export.pipeline). A default marked `"from": "base"` (the sentence encoder) is the MiniLM
+package's own sentence-transformers folder, exported as it is. Bundles whose sources have not
+changed are kept, so later runs take seconds.
 """
 
 from __future__ import annotations
@@ -48,17 +49,27 @@ def attach_task_data_measurement(bundle_dir: Path, name: str) -> None:
 
 
 def hash_compact(digest, compact_dir: Path) -> None:
-    """Feed a compact default's files (names and bytes) into a hashlib digest."""
-    for path in sorted(compact_dir.iterdir()):
-        digest.update(path.name.encode())
+    """Feed a default's source files (paths inside it and bytes) into a hashlib digest."""
+    for path in sorted(p for p in compact_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(compact_dir).as_posix().encode())
         digest.update(path.read_bytes())
 
 
-def fingerprint(compact_dir: Path, variants: list[str]) -> str:
-    """What a built bundle depends on: the compact files, the variants, and its own INT8 measurement."""
+def source_dir(name: str, spec: dict, base: str) -> Path:
+    """Where a default comes from: its compact deltas, or the base package itself (`"from": "base"`)."""
+    if spec.get("from") == "base":
+        from model.checkpoint import resolve_base
+
+        return resolve_base(base)
+    return DEFAULTS_DIR / name
+
+
+def fingerprint(compact_dir: Path, variants: list[str], name: str | None = None) -> str:
+    """What the built bundle `name` (default: the source directory's name) depends on: its source
+    files, the variants, and its own INT8 measurement."""
     digest = hashlib.sha256(",".join(sorted(variants)).encode())
     hash_compact(digest, compact_dir)
-    digest.update(json.dumps(task_data_measurement(compact_dir.name), sort_keys=True).encode())
+    digest.update(json.dumps(task_data_measurement(name or compact_dir.name), sort_keys=True).encode())
     return digest.hexdigest()
 
 
@@ -72,16 +83,17 @@ def build_one(name: str, spec: dict, out: Path, variants: list[str], base: str, 
 
     from .pipeline import export_bundle
 
-    compact = DEFAULTS_DIR / name
+    source = source_dir(name, spec, base)
     bundle_dir = out / name
-    stamp = fingerprint(compact, variants)
+    stamp = fingerprint(source, variants, name)
     if not force and is_current(bundle_dir, stamp):
         return "cached"
     with tempfile.TemporaryDirectory(prefix=f"{name}-ckpt-") as tmp:
-        checkpoint = rebuild(compact, Path(tmp) / name, base)
+        checkpoint = source if spec.get("from") == "base" else rebuild(source, Path(tmp) / name, base)
         export_bundle(
             checkpoint,
             bundle_dir,
+            task=spec["task"],
             variants=variants,
             max_seq_len=spec["max_seq_len"],
             qa_defaults=spec.get("qa_defaults"),

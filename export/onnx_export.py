@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from model.bert import TASK_HEADS
 from model.config import BertConfig
+from processing.tasks import MODEL_AXES
 from processing.tasks import TASKS as TASK_SPECS
 
 from .bundle import INPUT_NAMES, TASKS, task_io
@@ -35,14 +36,19 @@ class OnnxHead(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor):
         out = self.model(input_ids, attention_mask, token_type_ids)
-        if self.task == "qa":
-            return out.start_logits, out.end_logits
-        return out.logits
+        # The graph's outputs are the registry's, named as the HeadOutput fields that hold them.
+        values = tuple(getattr(out, name) for name, _ in TASK_SPECS[self.task].outputs)
+        return values if len(values) > 1 else values[0]
 
 
 # A `transformers` checkpoint names its head class in config.json `architectures`; ours are the
-# same classes by the same names (model.bert.TASK_HEADS).
-ARCHITECTURE_TASKS = {head.__name__: task for task, head in TASK_HEADS.items() if task in TASKS}
+# same classes by the same names (model.bert.TASK_HEADS), plus the registry's other names for a
+# task (a plain BertModel is a sentence encoder).
+ARCHITECTURE_TASKS = {
+    name: task
+    for task, spec in TASK_SPECS.items()
+    for name in (TASK_HEADS[task].__name__, *spec.architectures)
+}
 
 
 def checkpoint_task(config: BertConfig, where: str, requested: str | None = None) -> str:
@@ -89,15 +95,19 @@ def check_supported(config: BertConfig, where: str) -> None:
         )
 
 
-def load_head(checkpoint_dir: str | Path, task: str | None = None) -> tuple[nn.Module, BertConfig]:
-    """Load the checkpoint with its task head (see checkpoint_task), in eval mode; config.task is set."""
+def load_head(
+    checkpoint_dir: str | Path, task: str | None = None, pooling: str | None = None
+) -> tuple[nn.Module, BertConfig]:
+    """Load the checkpoint with its task head (see checkpoint_task), in eval mode; config.task is set
+    (and config.pooling, for a sentence encoder, when `pooling` names it)."""
     checkpoint_dir = Path(checkpoint_dir)
     if not (checkpoint_dir / "config.json").is_file():
         raise ExportError(f"{checkpoint_dir} has no config.json: not a checkpoint directory")
     config = BertConfig.from_pretrained(checkpoint_dir)
     check_supported(config, str(checkpoint_dir))
     task = checkpoint_task(config, str(checkpoint_dir), task)
-    model = TASK_HEADS[task].from_pretrained(checkpoint_dir, task=task)
+    overrides = {"pooling": pooling} if pooling is not None else {}
+    model = TASK_HEADS[task].from_pretrained(checkpoint_dir, task=task, **overrides)
     if getattr(model, "missing_keys", None):
         raise ExportError(
             f"{checkpoint_dir}: weights missing for {', '.join(model.missing_keys)}; exporting would ship "
@@ -119,8 +129,8 @@ def example_inputs(
     }
 
 
-def dynamic_axes(task: str, num_labels: int) -> dict[str, dict[int, str]]:
-    inputs, outputs = task_io(task, num_labels)
+def dynamic_axes(task: str, config: BertConfig) -> dict[str, dict[int, str]]:
+    inputs, outputs = task_io(task, config.num_labels, config.hidden_size)
     axes = {}
     for spec in inputs + outputs:
         axes[spec["name"]] = {i: dim for i, dim in enumerate(spec["shape"]) if isinstance(dim, str)}
@@ -134,7 +144,7 @@ def export_onnx(model: nn.Module, config: BertConfig, path: Path, opset: int = D
     task = config.task
     wrapper = OnnxHead(model, task).eval()
     inputs = example_inputs(task, TRACE_BATCH, TRACE_SEQ, config.vocab_size, choices=TRACE_CHOICES)
-    _, outputs = task_io(task, config.num_labels)
+    _, outputs = task_io(task, config.num_labels, config.hidden_size)
     with torch.no_grad(), warnings.catch_warnings():
         # The TorchScript exporter is deprecated in favour of dynamo but still the one ORT fuses best.
         warnings.simplefilter("ignore")
@@ -146,7 +156,7 @@ def export_onnx(model: nn.Module, config: BertConfig, path: Path, opset: int = D
             opset_version=opset,
             input_names=list(INPUT_NAMES),
             output_names=[o["name"] for o in outputs],
-            dynamic_axes=dynamic_axes(task, config.num_labels),
+            dynamic_axes=dynamic_axes(task, config),
             do_constant_folding=True,
         )
     check_graph(path, task)
@@ -163,7 +173,7 @@ def check_graph(path: Path, task: str) -> None:
         fixed = [
             i
             for i, d in enumerate(dims)
-            if d.HasField("dim_value") and not _is_label_axis(task, value.name, i, dims)
+            if d.HasField("dim_value") and not _is_model_axis(task, value.name, i)
         ]
         if fixed:
             raise ExportError(
@@ -172,6 +182,7 @@ def check_graph(path: Path, task: str) -> None:
             )
 
 
-def _is_label_axis(task: str, name: str, axis: int, dims) -> bool:
-    # The only static axis is the label axis of classify / ner logits.
-    return name == "logits" and TASK_SPECS[task].labelled and axis == len(dims) - 1
+def _is_model_axis(task: str, name: str, axis: int) -> bool:
+    # The only static axes are those the model sizes: classify / ner labels, the embedding width.
+    declared = dict(TASK_SPECS[task].outputs).get(name, ())
+    return axis < len(declared) and declared[axis] in MODEL_AXES

@@ -35,6 +35,7 @@ from .bundle import (
 )
 from .invariance import batch_invariance
 from .onnx_export import DEFAULT_OPSET, ExportError, OnnxHead, export_onnx, load_head
+from .sentence_encoder import SentenceEncoderError, is_sentence_transformers, read_pooling
 from .verify import (
     FP32_TOLERANCE,
     VerificationError,
@@ -58,6 +59,11 @@ FILES = {
 PRECISION = {"fp32": "fp32", "fused": "fp32", "int8": "int8", "int8-rowwise": "int8", "fp16": "fp16"}
 DEVICE = {"fp32": "any", "fused": "any", "int8": "cpu", "int8-rowwise": "cpu", "fp16": "cuda"}
 INT8_VARIANTS = ("int8-rowwise", "int8")
+# int8-rowwise recipes beyond the plain one, by task. Sentence embeddings are read as they are and
+# compared by cosine: plain per-token INT8 left MiniLM's at 0.974 of sentence-transformers' at
+# worst on 200 texts; 16 fp32 outlier channels per input and fp32 FFN outputs keep them >= 0.999
+# (benchmarks/results/embed_quality.md).
+ROWWISE_RECIPES: dict[str, dict[str, Any]] = {"embed": {"outlier_channels": 16, "float_after_gelu": True}}
 # The fused kernels reorder float sums (Attention, SkipLayerNorm) but stay fp32.
 FUSED_TOLERANCE = 1e-4
 # fp16 keeps ~3 significant digits; the bound is relative to the largest reference logit.
@@ -182,6 +188,8 @@ def export_bundle(
     eval_batches: list[dict[str, np.ndarray]] | None = None,
     metric_fn: Callable[[list[dict[str, np.ndarray]]], dict] | None = None,
     qa_defaults: dict[str, int] | None = None,
+    pooling: str | None = None,
+    normalize: bool | None = None,
     name: str | None = None,
     opset: int = DEFAULT_OPSET,
     overwrite: bool = False,
@@ -190,8 +198,10 @@ def export_bundle(
     """Export `checkpoint` (a directory, or a hub id fetched at `revision`) into the bundle `out_dir`.
 
     The head is `task`, else config.task, else what config.json `architectures` names
-    (onnx_export.checkpoint_task). Raises ExportError / VerificationError (naming the offending
-    case) and leaves `out_dir` untouched when any check fails. Returns `out_dir`.
+    (onnx_export.checkpoint_task); a sentence-transformers folder is an embed model. `pooling` /
+    `normalize` replace what a sentence encoder's folder says. Raises ExportError /
+    VerificationError (naming the offending case) and leaves `out_dir` untouched when any check
+    fails. Returns `out_dir`.
     """
     out_dir = Path(out_dir)
     unknown = [v for v in variants if v not in VARIANTS]
@@ -207,10 +217,30 @@ def export_bundle(
     except CheckpointError as e:
         raise ExportError(str(e)) from e
     from_hub = not Path(checkpoint).is_dir()
+    source_dir = checkpoint_dir
     log(f"loading {checkpoint_dir}")
-    model, config = load_head(checkpoint_dir, task)
-    task = config.task
-    max_seq_len = max_seq_len or config.max_position_embeddings
+    encoder = None  # how a sentence encoder pools (export.sentence_encoder)
+    try:
+        if is_sentence_transformers(checkpoint_dir):
+            if task not in (None, "embed"):
+                raise ExportError(
+                    f"{checkpoint_dir} is a sentence-transformers folder: it exports as embed, not {task}"
+                )
+            task = "embed"
+        if task == "embed":
+            encoder = read_pooling(checkpoint_dir, pooling, normalize)
+            checkpoint_dir = encoder.checkpoint
+        model, config = load_head(checkpoint_dir, task, pooling)
+        task = config.task
+        if task == "embed" and encoder is None:  # a BertModel, found by its `architectures`
+            encoder = read_pooling(checkpoint_dir, pooling, normalize)
+    except SentenceEncoderError as e:
+        raise ExportError(str(e)) from e
+    if encoder is None and (pooling is not None or normalize is not None):
+        raise ExportError(f"pooling / normalize apply to sentence encoders (embed), not to a {task} head")
+    max_seq_len = (
+        max_seq_len or (encoder.max_seq_length if encoder else None) or config.max_position_embeddings
+    )
     if not 2 <= max_seq_len <= config.max_position_embeddings:
         raise ExportError(
             f"max_seq_len {max_seq_len} must be in "
@@ -238,13 +268,13 @@ def export_bundle(
         manifest = BundleManifest(
             format_version=FORMAT_VERSION,
             task=task,
-            name=name or (str(checkpoint).rsplit("/", 1)[-1] if from_hub else checkpoint_dir.resolve().name),
+            name=name or (str(checkpoint).rsplit("/", 1)[-1] if from_hub else source_dir.resolve().name),
             labels=labels,
             problem_type=problem_type,
             max_seq_len=max_seq_len,
             do_lower_case=_do_lower_case(checkpoint_dir),
-            inputs=task_io(task, config.num_labels)[0],
-            outputs=task_io(task, config.num_labels)[1],
+            inputs=task_io(task, config.num_labels, config.hidden_size)[0],
+            outputs=task_io(task, config.num_labels, config.hidden_size)[1],
             variants={
                 v: VariantInfo(
                     FILES[v],
@@ -258,6 +288,7 @@ def export_bundle(
             },
             tokenizer_files=_copy_tokenizer(checkpoint_dir, stage),
             qa_defaults=qa,
+            pooling=encoder.manifest(config.hidden_size) if encoder else None,
             preprocessing=_preprocessing(config, task),
             verification=run.verification,
             optimization=run.optimization,
@@ -302,7 +333,7 @@ class _Run:
         export_onnx(model, self.config, self.paths["fp32"], opset)
         self.cases = verification_cases(self.task, self.config.vocab_size, max_seq_len)
         wrapper = OnnxHead(model, self.task).eval()
-        names = [o["name"] for o in task_io(self.task, self.config.num_labels)[1]]
+        names = [o["name"] for o in task_io(self.task)[1]]
         self.references = [run_torch(wrapper, names, case.feeds) for case in self.cases]
         self.verification["fp32"] = self._compare("fp32", FP32_TOLERANCE)
         require_passed("fp32", self.verification["fp32"])
@@ -362,21 +393,28 @@ class _Run:
         if self.base == "fused":
             self.disabled_optimizers[variant] = list(optimize.CPU_DISABLED_OPTIMIZERS)
         self.log(f"{variant} quantization of the {self.base} graph")
+        if eval_batches is not None:
+            source, batches = "caller eval_batches", eval_batches
+        else:
+            source = "random tokens (no eval_batches given)"
+            batches = random_eval_batches(self.task, self.config.vocab_size, max_seq_len)
         if variant == "int8":
             report = quantize.quantize_int8(graph, self.paths[variant])
         else:
-            report = quantize_rowwise.quantize_rowwise(graph, self.paths[variant])
+            recipe = dict(ROWWISE_RECIPES.get(self.task, {}))
+            if recipe.get("outlier_channels"):
+                disabled = self.disabled_optimizers.get(variant, ())
+                k = recipe.pop("outlier_channels")
+                recipe["outliers"] = quantize_rowwise.outlier_channels(graph, batches, k, disabled)
+            report = quantize_rowwise.quantize_rowwise(graph, self.paths[variant], **recipe)
+            if recipe.get("outliers"):
+                report["outlier_channels"]["chosen_on"] = source
         if self.base == "fused":
             report["source"] = f"{FILES['fused']} without SkipLayerNormalization"
             report["source_graph"] = self.cpu_source_report
         # Shape coverage for int8 too; its accuracy is judged on eval features below.
         self.verification[variant] = self._compare(variant, None)
         self.verification[variant]["note"] = "informational: int8 accuracy is in the quantization report"
-        if eval_batches is not None:
-            source, batches = "caller eval_batches", eval_batches
-        else:
-            source = "random tokens (no eval_batches given)"
-            batches = random_eval_batches(self.task, self.config.vocab_size, max_seq_len)
         self._check_invariance(variant, required=variant == "int8-rowwise")
         acc = quantize.measure(
             self.task,

@@ -88,6 +88,8 @@ def predictions(task: str, outputs: dict[str, np.ndarray], mask: np.ndarray) -> 
         # A span's start and end, over real tokens only.
         neg = np.where(mask.astype(bool), 0.0, -np.inf)
         return np.stack([(outputs[n] + neg).argmax(-1) for n in ("start_logits", "end_logits")], -1)
+    if "logits" not in outputs:  # token states make no decision: agreement() compares their cosines
+        return None
     logits = outputs["logits"]
     if task == "classify" and logits.shape[-1] == 1:
         return None
@@ -107,12 +109,29 @@ def agreement(task: str, ref: list[dict], got: list[dict], batches: list[dict]) 
             agree += int(same.sum())
             total += same.size
     diff = np.concatenate(diffs) if diffs else np.zeros(1)
-    return {
+    report = {
         "argmax_agreement": agree / total if total else None,
         "decisions_compared": total,
         "max_abs_diff": float(diff.max()),
         "mean_abs_diff": float(diff.mean()),
     }
+    if "last_hidden_state" in ref[0]:  # a sentence encoder: how far INT8 turns each real token's state
+        cosines = np.concatenate(
+            [
+                row_cosines(
+                    valid(task, r["last_hidden_state"], f["attention_mask"]),
+                    valid(task, g["last_hidden_state"], f["attention_mask"]),
+                )
+                for r, g, f in zip(ref, got, batches, strict=True)
+            ]
+        )
+        report["token_state_cosine"] = {"min": float(cosines.min()), "mean": float(cosines.mean())}
+    return report
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30)
 
 
 def measure(

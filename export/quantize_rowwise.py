@@ -20,6 +20,13 @@ Each attention block's Q, K and V projections become three such matmuls feeding
 MultiHeadAttention (scores, softmax and context stay fp32, as in QAttention). Embeddings,
 LayerNorm, GELU, the pooler and the classifier stay fp32. Bias adds stay outside the matmul:
 inside it they would be multiplied by the row scale.
+
+Outputs read as they are (sentence embeddings, compared by cosine) need more: a few hidden
+channels carry values far beyond the rest, so one scale per token leaves the others few codes.
+`outliers` keeps, per quantized input, a fixed set of channels (the largest over calibration
+features, found by `outlier_channels`) in an fp32 matmul beside the INT8 one (LLM.int8()'s
+decomposition, with the set fixed at export so a row still depends on itself alone), and
+`float_after_gelu` keeps the FFN output projections fp32.
 """
 
 from __future__ import annotations
@@ -48,8 +55,12 @@ def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Rewriter:
-    def __init__(self, graph):
+    def __init__(self, graph, outliers: dict[str, np.ndarray] | None = None, float_after_gelu: bool = False):
         from onnx import numpy_helper
+
+        self.outliers = outliers or {}  # quantized input -> channels kept fp32
+        self.gathered: dict[str, str] = {}  # quantized input -> its outlier channels
+        self.float_after_gelu = float_after_gelu
 
         self.graph = graph
         self.weights = {i.name: i for i in graph.initializer}
@@ -87,13 +98,22 @@ class _Rewriter:
         value = self.to_array(self.weights[name]) if name in self.weights else None
         return value if value is not None and value.ndim == 2 and value.dtype == np.float32 else None
 
-    def quantize_rows(self, x: str) -> tuple[str, str, int]:
-        """uint8 codes of `x` [..., K], its scales [..., 1] (one per row) and its zero point; shared
-        by every consumer of `x`. x / scale goes through a per-tensor QuantizeLinear (scale 1): the
-        vectorized path, with no reshape to the 2-D layout a per-axis QuantizeLinear needs."""
-        if x in self.quantized:
-            return self.quantized[x]
-        if self.producers.get(x) in GELU_OPS:
+    def quantize_rows(self, x: str, width: int) -> tuple[str, str, int]:
+        """uint8 codes of `x` [..., width], its scales [..., 1] (one per row) and its zero point;
+        shared by every consumer of `x`. x / scale goes through a per-tensor QuantizeLinear (scale 1):
+        the vectorized path, with no reshape to the 2-D layout a per-axis QuantizeLinear needs.
+        Outlier channels (self.outliers) are zeroed first: an fp32 matmul carries them."""
+        if x not in self.quantized:
+            source = x
+            if x in self.outliers:
+                keep = np.ones(width, np.float32)
+                keep[self.outliers[x]] = 0.0
+                source = self.node("Mul", [x, self.const("inliers", keep)], "inliers")
+            self.quantized[x] = self.quantize_rows_of(source, self.producers.get(x))
+        return self.quantized[x]
+
+    def quantize_rows_of(self, x: str, producer: str | None) -> tuple[str, str, int]:
+        if producer in GELU_OPS:
             # GELU outputs lie in [-0.17, max]: a low zero point gives the positive side more codes
             # than a symmetric one. scale_r = max(max_r / (255 - Z), -min_r / Z): nothing clips.
             zero_point = GELU_ZERO_POINT
@@ -112,14 +132,15 @@ class _Rewriter:
         unit = self.node("Div", [x, scale], "unit")
         one = self.const("one", np.float32(1), True)
         zp = self.const(f"zp{zero_point}", np.uint8(zero_point), True)
-        self.quantized[x] = (self.node("QuantizeLinear", [unit, one, zp], "codes"), scale, zero_point)
-        return self.quantized[x]
+        return self.node("QuantizeLinear", [unit, one, zp], "codes"), scale, zero_point
 
     def matmul(self, x: str, weight: np.ndarray, output: str | None = None) -> str:
         """x [..., K] . weight [K, N] -> [..., N] fp32 through int8, with per-row activation scales."""
         from onnx import helper
 
-        codes, scale, zero_point = self.quantize_rows(x)
+        if self.float_after_gelu and self.producers.get(x) in GELU_OPS:
+            return self.float_matmul(x, weight, output)
+        codes, scale, zero_point = self.quantize_rows(x, weight.shape[0])
         w_codes, w_scales = quantize_weight(weight)
         inputs = [
             codes,
@@ -128,9 +149,36 @@ class _Rewriter:
             self.const("w_scale", w_scales),
             self.const(f"a_zero_point{zero_point}", np.array([zero_point], np.uint8), True),
         ]
-        out = output or self.name("matmul")
+        if x not in self.outliers:
+            out = output or self.name("matmul")
+            self.nodes.append(
+                helper.make_node(
+                    "MatMulIntegerToFloat", inputs, [out], name=self.name("int8"), domain=MS_DOMAIN
+                )
+            )
+            return out
+        # x . W = inliers . W (INT8) + x[outliers] . W[outliers] (fp32)
+        main = self.name("matmul")
         self.nodes.append(
-            helper.make_node("MatMulIntegerToFloat", inputs, [out], name=self.name("int8"), domain=MS_DOMAIN)
+            helper.make_node("MatMulIntegerToFloat", inputs, [main], name=self.name("int8"), domain=MS_DOMAIN)
+        )
+        channels = self.outliers[x]
+        if x not in self.gathered:  # shared by Q, K and V
+            index = self.const("outlier_index", channels)
+            self.gathered[x] = self.node("Gather", [x, index], "outliers", axis=-1)
+        side = self.float_matmul(self.gathered[x], weight[channels])
+        out = output or self.name("sum")
+        self.nodes.append(helper.make_node("Add", [main, side], [out], name=self.name("add")))
+        return out
+
+    def float_matmul(self, x: str, weight: np.ndarray, output: str | None = None) -> str:
+        from onnx import helper
+
+        out = output or self.name("fp32_matmul")
+        self.nodes.append(
+            helper.make_node(
+                "MatMul", [x, self.const("w_fp32", weight.astype(np.float32))], [out], name=self.name("fp32")
+            )
         )
         return out
 
@@ -178,12 +226,60 @@ class _Rewriter:
         return dict(done)
 
 
-def quantize_rowwise(src: Path, dst: Path) -> dict[str, Any]:
-    """Rewrite the fp32 graph `src` (fused or not) into the per-token INT8 graph `dst`; returns the report."""
+def quantized_inputs(graph) -> dict[str, int]:
+    """The tensors the rewrite quantizes (inputs of constant-weight MatMuls and Attention), and
+    their width."""
+    from onnx import numpy_helper
+
+    weights = {i.name: i for i in graph.initializer}
+    out = {}
+    for node in graph.node:
+        plain = node.op_type == "MatMul" or (node.op_type == "Attention" and node.domain == MS_DOMAIN)
+        if plain and len(node.input) > 1 and node.input[1] in weights:
+            shape = numpy_helper.to_array(weights[node.input[1]]).shape
+            if len(shape) == 2:
+                out[node.input[0]] = int(shape[0])
+    return out
+
+
+def outlier_channels(src: Path, batches: list[dict[str, np.ndarray]], k: int, disabled_optimizers=()) -> dict:
+    """For every quantized input of `src`, the `k` channels of largest |value| over the real tokens
+    of `batches`: fixed at export, so a row's outputs still depend on that row alone."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from .verify import make_session
+
+    model = onnx.load(str(src))
+    widths = quantized_inputs(model.graph)
+    graph_outputs = {o.name for o in model.graph.output}
+    for name in widths:
+        if name not in graph_outputs:
+            model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    session = make_session(model.SerializeToString(), disabled_optimizers=disabled_optimizers)
+    names = [o.name for o in session.get_outputs()]
+    peak = {name: np.zeros(width, np.float32) for name, width in widths.items()}
+    for feeds in batches:
+        graph_feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
+        outputs = dict(zip(names, session.run(names, graph_feeds), strict=True))
+        real = feeds["attention_mask"].reshape(-1).astype(bool)
+        for name, width in widths.items():
+            rows = np.abs(outputs[name]).reshape(-1, width)
+            if len(rows) == len(real):  # token rows: padding carries no meaning
+                rows = rows[real]
+            peak[name] = np.maximum(peak[name], rows.max(axis=0))
+    return {name: np.sort(np.argsort(-values)[:k]).astype(np.int64) for name, values in peak.items()}
+
+
+def quantize_rowwise(
+    src: Path, dst: Path, outliers: dict[str, np.ndarray] | None = None, float_after_gelu: bool = False
+) -> dict[str, Any]:
+    """Rewrite the fp32 graph `src` (fused or not) into the per-token INT8 graph `dst`; returns the
+    report. `outliers` and `float_after_gelu`: see the module's docstring."""
     import onnx
 
     model = onnx.load(str(src))
-    replaced = _Rewriter(model.graph).rewrite()
+    replaced = _Rewriter(model.graph, outliers, float_after_gelu).rewrite()
     if not replaced:
         raise ValueError(f"{src.name} has no MatMul with a constant weight and no Attention node to quantize")
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):
@@ -198,4 +294,9 @@ def quantize_rowwise(src: Path, dst: Path) -> dict[str, Any]:
         "rewritten": replaced,
         "quantized_ops": {op: ops[op] for op in ("MatMulIntegerToFloat", "QuantizeLinear") if ops.get(op)},
         "remaining_float_matmul": ops.get("MatMul", 0) + ops.get("Gemm", 0),
+        "outlier_channels": {
+            "per_input": max((len(c) for c in (outliers or {}).values()), default=0),
+            "inputs": len(outliers or {}),
+        },
+        "float_after_gelu": float_after_gelu,
     }

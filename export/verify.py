@@ -3,8 +3,8 @@
 The cases cover batch 1 / sequence 1, the full max_seq_len, a batch of right-padded rows
 of mixed lengths (plus a second segment) and a left-padded batch, so a sequence length
 or batch size baked into the graph, or a broken attention mask, shows up as a failure.
-Token-level outputs (ner, qa) are compared at real tokens only: padded positions carry no
-meaning and the fused attention kernel is free to compute them differently.
+Token-level outputs (ner, qa, embed's token states) are compared at real tokens only: padded
+positions carry no meaning and the fused attention kernel is free to compute them differently.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from processing.embed import POOLING_MODES
 from processing.tasks import TASKS
 
 from .config import BertConfig
@@ -50,6 +51,8 @@ class HeadOutput:
     seq_relationship_logits: Tensor | None = None  # NSP, [batch, 2]
     mlm_loss: Tensor | None = None
     nsp_loss: Tensor | None = None
+    embeddings: Tensor | None = None  # sentence embeddings, [batch, hidden]
+    last_hidden_state: Tensor | None = None  # the encoder's token states, [batch, seq, hidden]
 
 
 # --------------------------------------------------------------------------- encoder
@@ -348,6 +351,39 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 + F.cross_entropy(end_logits, end, ignore_index=ignored)
             ) / 2
         return HeadOutput(start_logits=start_logits, end_logits=end_logits, loss=loss)
+
+
+def pool(hidden: Tensor, attention_mask: Tensor, mode: str) -> Tensor:
+    """(B, T, C) token states -> (B, C), over each row's real tokens, as sentence-transformers'
+    Pooling: the mean, the first ([CLS]) token, or the per-channel maximum."""
+    if mode == "cls":
+        return hidden[:, 0]
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T) -> (B, T, 1)
+    if mode == "mean":
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+    if mode == "max":
+        return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
+    raise ValueError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
+
+
+class BertForSentenceEmbedding(BertPreTrainedModel):
+    """The encoder with sentence-transformers' pooling on top (config.pooling, default mean). The
+    embeddings (B, C) are not normalized. The exported graph returns the token states only:
+    serving pools them (processing/embed.py), which the registry's note explains."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.pooling = config.pooling or "mean"
+        if self.pooling not in POOLING_MODES:
+            raise ValueError(f"pooling must be one of {POOLING_MODES}, got {self.pooling!r}")
+        self.bert = BertModel(config, add_pooler=False)  # the tanh pooler is not part of an embedding
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        return HeadOutput(embeddings=pool(hidden, attention_mask, self.pooling), last_hidden_state=hidden)
 
 
 # --------------------------------------------------------------------------- pretraining

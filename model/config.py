@@ -32,6 +32,8 @@ class BertConfig:
     # Project metadata: which head this checkpoint is for ("classify", "ner", ...).
     task: str | None = None
     problem_type: str | None = None
+    # Sentence embeddings (task "embed"): how token states pool into one vector, mean | cls | max.
+    pooling: str | None = None
     # Keys we do not model explicitly survive a load/save round trip.
     extra: dict[str, Any] = field(default_factory=dict)
 

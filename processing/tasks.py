@@ -6,8 +6,9 @@ Per-side tables keyed by task name (model.bert.TASK_HEADS, app.services.SERVICES
 train.features.TASKS, train.readers.FORMATS) are checked against it by tests/test_tasks.py.
 
 Adding a task: declare it here, then write its pre/post-processing (processing/<task>.py),
-its head (model/bert.py), its service and schemas (app/), its feature class (train/features.py)
-and a reader; README "Adding a task" lists the places.
+its head (model/bert.py), its service and schemas (app/), and, if it is trained here
+(`trained=True`), its feature class (train/features.py) and a reader; README "Adding a task"
+lists the places.
 """
 
 from __future__ import annotations
@@ -52,10 +53,18 @@ class TaskSpec:
     request: str  # app.schemas class names
     responses: tuple[str, ...]  # more than one: the route answers their union (e.g. one text or a batch)
     head: str  # model.bert class, also the `architectures` entry of a transformers config.json
-    metric: str  # the validation metric that picks the best checkpoint
+    metric: str | None  # the validation metric that picks the best checkpoint (None: not trained here)
     token_axes: tuple[str, ...]  # the symbolic shape of input_ids, attention_mask, token_type_ids
-    outputs: tuple[tuple[str, tuple[str, ...]], ...]  # graph outputs: name, symbolic shape ("labels" = n)
+    # Graph outputs: name, shape. "labels" and "hidden" are fixed by the model (label count, hidden
+    # size); every other axis is symbolic.
+    outputs: tuple[tuple[str, tuple[str, ...]], ...]
     v2: V2  # its tensors on /v2/models/{name}/infer
+    # Other `architectures` names a checkpoint of this task may carry (a base encoder: BertModel).
+    architectures: tuple[str, ...] = ()
+    # Fine-tuned by train/ (a reader, features, a metric); False: served as exported, never trained.
+    trained: bool = True
+    # Other protocols' routes onto this task's service (app/routes.py), counted as the task's own.
+    protocol_paths: tuple[str, ...] = ()
 
     @property
     def choices(self) -> bool:
@@ -72,9 +81,12 @@ class TaskSpec:
         """Outputs have a value per token (compared on real tokens only, never on padding)."""
         return any("sequence" in axes for _, axes in self.outputs)
 
-    def output_shapes(self, num_labels: int | None = None) -> dict[str, list[str | int]]:
-        labels: str | int = num_labels if num_labels is not None else "labels"
-        return {name: [labels if axis == "labels" else axis for axis in axes] for name, axes in self.outputs}
+    def output_shapes(self, num_labels: int | None = None, hidden_size: int | None = None) -> dict[str, list]:
+        sizes = {"labels": num_labels, "hidden": hidden_size}
+        return {
+            name: [axis if sizes.get(axis) is None else sizes[axis] for axis in axes]
+            for name, axes in self.outputs
+        }
 
 
 TOKENS = ("batch", "sequence")
@@ -165,7 +177,33 @@ TASKS: dict[str, TaskSpec] = {
                 ),
             ),
         ),
+        TaskSpec(
+            name="embed",
+            path="/embed",
+            summary="Sentence embeddings (text-embeddings-inference's /embed: a bare list of vectors)",
+            request="EmbedRequest",
+            responses=("EmbedResponse",),
+            head="BertForSentenceEmbedding",
+            metric=None,
+            token_axes=TOKENS,
+            # The token states; processing/embed.py pools each row over its own tokens. Against
+            # pooling inside the graph that is as fast and bit-identical alone and in any batch
+            # (benchmarks/results/embed_pooling.md).
+            outputs=(("last_hidden_state", ("batch", "sequence", "hidden")),),
+            # A row's text is the native request's `inputs`; its vector, row 0 of the bare-list answer.
+            v2=V2(
+                inputs=(Tensor("inputs", "BYTES", ROW),),
+                outputs=(Tensor("embedding", "FP32", (-1, -1), "0"),),
+            ),
+            architectures=("BertModel",),  # a base encoder (or sentence-transformers' module 0)
+            trained=False,
+            protocol_paths=("/v1/embeddings", "/similarity"),
+        ),
     )
 }
+MODEL_AXES = ("labels", "hidden")  # output axes whose size the model fixes
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
-TASK_PATHS: dict[str, str] = {spec.path: spec.name for spec in TASKS.values()}
+TRAINED_TASKS: tuple[str, ...] = tuple(name for name, spec in TASKS.items() if spec.trained)
+TASK_PATHS: dict[str, str] = {
+    path: spec.name for spec in TASKS.values() for path in (spec.path, *spec.protocol_paths)
+}

@@ -50,6 +50,12 @@ check multiple-choice '{"context": "The child dropped the glass on the floor and
   'r["best"] == 0'
 check qa '{"question": "Where is the Eiffel Tower?", "context": "The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It was designed by the company of Gustave Eiffel."}' \
   '"Paris" in r["answers"][0]["text"]'
+check embed '{"inputs": ["A man is playing a guitar.", "Someone plays an instrument."]}' \
+  'len(r) == 2 and len(r[0]) == 384 and abs(sum(x * x for x in r[0]) - 1) < 1e-4'
+check v1/embeddings '{"input": "A man is playing a guitar."}' \
+  'r["object"] == "list" and len(r["data"][0]["embedding"]) == 384 and r["usage"]["prompt_tokens"] == 9'
+check similarity '{"inputs": {"source_sentence": "A man is playing a guitar.", "sentences": ["Someone plays an instrument.", "A woman is slicing an onion."]}}' \
+  'r[0] > r[1]'
 
 if (( SKIP_TESTS == 0 )); then
   echo "== make test"

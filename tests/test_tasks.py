@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from processing.tasks import TASK_NAMES, TASK_PATHS, TASKS
+from processing.tasks import TASK_NAMES, TASK_PATHS, TASKS, TRAINED_TASKS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,10 @@ def test_export_follows_the_registry() -> None:
     from export.onnx_export import ARCHITECTURE_TASKS
 
     assert bundle.TASKS == TASK_NAMES
-    assert ARCHITECTURE_TASKS == {spec.head: name for name, spec in TASKS.items()}
+    assert ARCHITECTURE_TASKS == {
+        head: name for name, spec in TASKS.items() for head in (spec.head, *spec.architectures)
+    }
+    assert ARCHITECTURE_TASKS["BertModel"] == "embed"  # a base encoder serves sentence embeddings
     inputs, outputs = bundle.task_io("qa")
     assert [i["shape"] for i in inputs] == [["batch", "sequence"]] * 3
     assert {o["name"]: o["shape"] for o in outputs} == {
@@ -52,6 +55,7 @@ def test_export_follows_the_registry() -> None:
     inputs, outputs = bundle.task_io("multiple-choice")
     assert inputs[0]["shape"] == ["batch", "choices", "sequence"]
     assert bundle.task_io("ner", 9)[1][0]["shape"] == ["batch", "sequence", 9]
+    assert bundle.task_io("embed", hidden_size=384)[1][0]["shape"] == ["batch", "sequence", 384]
 
 
 def test_the_registry_derives_each_task_s_shape_properties() -> None:
@@ -61,6 +65,7 @@ def test_the_registry_derives_each_task_s_shape_properties() -> None:
         "ner": (False, True, True),
         "multiple-choice": (True, False, False),
         "qa": (False, False, True),
+        "embed": (False, False, True),  # token states, pooled by processing/embed.py
     }
 
 
@@ -70,9 +75,13 @@ def test_the_network_and_training_follow_the_registry() -> None:
 
     for name, spec in TASKS.items():
         assert TASK_HEADS[name].__name__ == spec.head
-        assert features.DEFAULT_METRIC[name] == spec.metric
-        assert name in features.TASKS and name in readers.FORMATS
-    assert readers.TASKS == TASK_NAMES
+        # A trained task has a metric, features and a reader; an untrained one (embed) has none.
+        assert (name in features.DEFAULT_METRIC) == (name in features.TASKS) == (name in readers.FORMATS)
+        assert (name in features.TASKS) == spec.trained
+        if spec.trained:
+            assert features.DEFAULT_METRIC[name] == spec.metric is not None
+    assert readers.TASKS == TRAINED_TASKS
+    assert set(TRAINED_TASKS) < set(TASK_NAMES)
     assert set(live_eval.LIVE_TASKS) <= set(TASK_NAMES)
     assert set(TASK_HEADS) - set(TASK_NAMES) == {"pretrain"}  # training only, never served
 

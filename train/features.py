@@ -25,7 +25,10 @@ from processing.tokenizer import TextTokenizer, default_window_overlap
 from .examples import ChoiceExample, ClassifyExample, NERExample, QAExample
 
 IGNORE = -100
-DEFAULT_METRIC = {**{name: spec.metric for name, spec in TASK_SPECS.items()}, "pretrain": "mlm_accuracy"}
+DEFAULT_METRIC = {
+    **{name: spec.metric for name, spec in TASK_SPECS.items() if spec.trained and spec.metric},
+    "pretrain": "mlm_accuracy",
+}
 
 
 # What each task's evaluation reports (NER adds f1_<TYPE> per entity type); all add "loss".

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from processing.tasks import TASK_NAMES
+from processing.tasks import TRAINED_TASKS
 
 from .examples import (
     ChoiceExample,
@@ -28,7 +28,7 @@ from .examples import (
 )
 from .race_spans import race_span_examples
 
-TASKS = TASK_NAMES
+TASKS = TRAINED_TASKS  # an untrained task (embed) has no reader
 FORMATS = {
     "classify": ("tsv", "csv", "jsonl", "book"),
     "ner": ("conll", "jsonl"),

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tests.app.conftest import MAX_SEQ_LEN, serving
+from tests.app.conftest import MAX_SEQ_LEN, TASKS, serving
 
 TEXT = "this movie was great fun"
 
@@ -148,7 +148,7 @@ async def test_health_models_and_metrics(models_dir):
     async with serving(models_dir) as (_, client):
         assert (await client.get("/health")).json() == {"status": "ok"}
         models = {m["task"]: m for m in (await client.get("/models")).json()["models"]}
-        assert set(models) == {"classify", "ner", "multiple-choice", "qa"}
+        assert set(models) == set(TASKS)
         for m in models.values():
             assert m["status"] == "ready" and m["variant"] == "int8-rowwise" and m["precision"] == "int8"
             assert m["batch_invariant"] is True and "per-token" in m["variant_note"]

@@ -28,8 +28,14 @@ ROWS = {
         {"question": "where does john live?", "context": "john smith lives in paris, in france."},
         {"question": "who lives in paris?", "context": "john smith lives in paris, in france."},
     ],
+    "embed": [{"inputs": "the cat sat on the mat"}, {"inputs": "john lives in paris"}],
 }
-OPTIONS = {"classify": {"top_k": 1}, "ner": {"aggregation": "simple"}, "qa": {"top_k": 2}}
+OPTIONS = {
+    "classify": {"top_k": 1},
+    "ner": {"aggregation": "simple"},
+    "qa": {"top_k": 2},
+    "embed": {"normalize": False},
+}
 
 
 def tensor(name: str, rows: list, datatype: str = "BYTES") -> dict:
@@ -132,6 +138,9 @@ async def test_infer_answers_as_the_native_route_does(models_dir, task):
             assert data["scores"] == pytest.approx([s for n in native for s in n["scores"]])
             assert data["best"] == [n["best"] for n in native]
             assert data["choice"] == [n["choice"] for n in native]
+        elif task == "embed":  # one vector per row, as FP32 [rows, width]
+            assert outputs["embedding"]["datatype"] == "FP32" and outputs["embedding"]["shape"] == [2, 32]
+            assert data["embedding"] == pytest.approx([x for n in native for x in n[0]])
         else:
             best = [n["answers"][0] for n in native]
             assert data["answer"] == [a["text"] for a in best]

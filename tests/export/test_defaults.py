@@ -30,6 +30,10 @@ def test_fingerprint_follows_only_its_own_int8_measurement(tmp_path, monkeypatch
     assert defaults.fingerprint(compact, ["int8"]) == first  # another bundle's line changed
     results.write_text(json.dumps({"sst2-minilm": {"int8_cost": 0.2}}))
     assert defaults.fingerprint(compact, ["int8"]) != first
+    # A default built from the base package is named by its index entry, not by its source folder.
+    base = defaults.fingerprint(compact, ["int8"], name="other")
+    results.write_text(json.dumps({"sst2-minilm": {"int8_cost": 0.2}, "other": {"int8_cost": 3}}))
+    assert defaults.fingerprint(compact, ["int8"], name="other") != base
 
 
 def test_bundle_is_current_only_with_matching_stamp(tmp_path):
@@ -42,15 +46,19 @@ def test_bundle_is_current_only_with_matching_stamp(tmp_path):
     assert not defaults.is_current(bundle, "y")
 
 
-def test_committed_defaults_cover_four_tasks_within_budget():
+def test_committed_defaults_cover_every_task_within_budget():
     import json
+
+    from processing.tasks import TASK_NAMES
 
     index = json.loads((defaults.DEFAULTS_DIR / defaults.INDEX).read_text())
     tasks = {spec["task"] for spec in index["models"].values()}
-    assert tasks == {"classify", "ner", "multiple-choice", "qa"}
-    total = sum(
-        p.stat().st_size for name in index["models"] for p in (defaults.DEFAULTS_DIR / name).iterdir()
-    )
+    assert tasks == set(TASK_NAMES)
+    compact = [name for name, spec in index["models"].items() if spec.get("from") != "base"]
+    # The sentence encoder is the base package itself: nothing of it is committed.
+    assert [name for name in index["models"] if name not in compact] == ["all-minilm-l6-v2"]
+    assert not (defaults.DEFAULTS_DIR / "all-minilm-l6-v2").exists()
+    total = sum(p.stat().st_size for name in compact for p in (defaults.DEFAULTS_DIR / name).iterdir())
     assert total <= 25_000_000, f"compact defaults take {total / 1e6:.1f} MB"
 
 

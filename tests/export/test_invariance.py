@@ -122,6 +122,62 @@ def test_rowwise_matmul_matches_its_formula(tmp_path, after_gelu):
     np.testing.assert_allclose(got, x @ weight, atol=0.05 * np.abs(x @ weight).max())
 
 
+def test_outlier_channels_go_through_fp32_beside_the_int8_matmul(tmp_path):
+    """The embed recipe: the channels largest over calibration rows are taken out of the INT8
+    matmul and multiplied in fp32 (chosen once, so rows stay independent); after GELU, fp32."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.quantize_rowwise import MS_DOMAIN, outlier_channels, quantize_rowwise
+
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal((16, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "one_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(MS_DOMAIN, 1)]
+    src, plain, mixed = tmp_path / "f.onnx", tmp_path / "q.onnx", tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), src)
+    # Channels 3 and 11 are huge, as a few of BERT's are; padding (mask 0) must not count.
+    x = rng.standard_normal((4, 5, 16)).astype(np.float32)
+    x[..., 3] *= 80
+    x[..., 11] *= 40
+    mask = np.ones((4, 5), np.int64)
+    padded = x.copy()
+    padded[0, 4, 7] = 1e6
+    mask[0, 4] = 0
+    calibration = [{"x": padded, "attention_mask": mask}]
+    picked = outlier_channels(src, calibration, 2)
+    assert {k: v.tolist() for k, v in picked.items()} == {"x": [3, 11]}
+    quantize_rowwise(src, plain)
+    report = quantize_rowwise(src, mixed, picked)
+    assert report["outlier_channels"] == {"per_input": 2, "inputs": 1}
+    exact = x @ weight
+    errors = {
+        path.name: np.abs(make_session(path).run(None, {"x": x})[0] - exact).max() for path in (plain, mixed)
+    }
+    assert errors["m.onnx"] < errors["q.onnx"] / 5, errors
+    assert make_session(mixed).run(None, {"x": x[:1, :2]})[0].tolist() == (
+        make_session(mixed).run(None, {"x": x[:1]})[0][:, :2].tolist()
+    )
+
+
+def test_embed_bundles_use_the_outlier_recipe_and_the_others_do_not(app_bundles):
+    from export.bundle import load_bundle_manifest
+
+    recipes = {
+        task: load_bundle_manifest(path).quantization["int8-rowwise"] for task, path in app_bundles.items()
+    }
+    assert recipes["embed"]["outlier_channels"]["per_input"] == 16 and recipes["embed"]["float_after_gelu"]
+    assert recipes["embed"]["outlier_channels"]["chosen_on"] == "random tokens (no eval_batches given)"
+    for task in ("classify", "ner", "multiple-choice", "qa"):
+        assert recipes[task]["outlier_channels"]["per_input"] == 0 and not recipes[task]["float_after_gelu"]
+
+
 def test_export_fails_when_the_invariant_variant_is_not(checkpoints, tmp_path, monkeypatch):
     # As if the rewrite had produced ORT's batch-dependent graph: the export must refuse it.
     monkeypatch.setattr(
@@ -138,9 +194,11 @@ DEFAULT_BUNDLES = Path(__file__).resolve().parents[2] / ".cache" / "bundles"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["sst2-minilm", "conll03-minilm", "codah-minilm", "squad-minilm"])
+@pytest.mark.parametrize(
+    "name", ["sst2-minilm", "conll03-minilm", "codah-minilm", "squad-minilm", "all-minilm-l6-v2"]
+)
 def test_the_real_default_bundles_are_batch_invariant(name):
-    """The four defaults as `make serve` builds them (skipped before they are built)."""
+    """The five defaults as `make serve` builds them (skipped before they are built)."""
     bundle = DEFAULT_BUNDLES / name
     if not (bundle / "bundle.json").exists():
         pytest.skip(f"{bundle} is not built (python -m export.defaults --out .cache/bundles)")

@@ -14,7 +14,7 @@ from .errors import ADMIN_RESPONSES
 from .model_errors import AdminDisabled
 from .model_listing import model_info
 from .routes import check_bearer, state_of
-from .schemas import LoadResponse, PollResponse, UnloadResponse
+from .service_schemas import LoadResponse, PollResponse, UnloadResponse
 
 
 async def require_admin_key(request: Request) -> None:

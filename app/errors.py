@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .batcher import BatcherClosed, BatchFailed, DeadlineExceeded, QueueFull, TooLarge
+from .batch_types import BatcherClosed, BatchFailed, DeadlineExceeded, QueueFull, TooLarge
 from .logs import request_id_var
 from .model_errors import (
     AdminDisabled,
@@ -43,7 +43,7 @@ from .request_errors import (
     TooManyInputs,
     Unauthorized,
 )
-from .schemas import ErrorResponse
+from .service_schemas import ErrorResponse
 from .v2_schemas import V2ErrorResponse
 
 log = logging.getLogger("app.errors")

@@ -6,7 +6,7 @@ from export.bundle import VARIANT_NOTES, batch_invariant
 
 from .loader import MB
 from .registry import Model, Registry
-from .schemas import ModelInfo, ModelsResponse, VersionInfo
+from .service_schemas import ModelInfo, ModelsResponse, VersionInfo
 
 
 def list_models(registry: Registry) -> ModelsResponse:

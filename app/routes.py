@@ -20,7 +20,8 @@ from pydantic import SecretStr
 from processing.tasks import TASKS, TaskSpec
 
 from . import schemas
-from .batcher import Schedule
+from .batch_types import Schedule
+from .embed_service import EmbedService
 from .errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
 from .loader import Bundle
 from .middleware import MODEL_SCOPE_KEY
@@ -29,17 +30,14 @@ from .model_listing import list_models
 from .request_errors import Unauthorized
 from .scheduling import current_schedule, schedule_for
 from .schemas import (
-    HealthResponse,
-    ModelsResponse,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
-    ReadyResponse,
     SimilarityRequest,
     SimilarityResponse,
-    TokenizeRequest,
-    TokenOut,
 )
-from .services import SERVICES, EmbedService, TaskService, Timings, service_of, tokenize_texts
+from .service_schemas import HealthResponse, ModelsResponse, ReadyResponse, TokenizeRequest, TokenOut
+from .services import SERVICES, service_of, tokenize_texts
+from .task_service import TaskService, Timings
 
 router = APIRouter()
 

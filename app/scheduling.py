@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextvars import ContextVar
 
-from .batcher import Priority, Schedule
+from .batch_types import Priority, Schedule
 from .request_errors import InvalidInput
 
 TIMEOUT_HEADER = "X-Timeout-Ms"

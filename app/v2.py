@@ -24,10 +24,10 @@ from pydantic import BaseModel, ValidationError
 from processing.tasks import TaskSpec, Tensor
 
 from . import schemas
-from .batcher import Priority
+from .batch_types import Priority
 from .request_errors import InvalidTensor, RequestError, TooManyInputs
 from .scheduling import MAX_TIMEOUT_MS, priority_of, timeout_ms_of
-from .services import TaskService, Timings
+from .task_service import TaskService, Timings
 from .v2_schemas import V2InferRequest, V2ModelMetadata, V2OutputTensor, V2TensorMetadata
 
 PLATFORM = "onnx_onnxv1"  # the Open Inference Protocol's name for an ONNX Runtime model

@@ -19,7 +19,7 @@ from .loader import Bundle
 from .registry import Model
 from .routes import not_serving, readiness, require_api_key, run_leased, state_of
 from .scheduling import schedule_for
-from .services import Timings
+from .task_service import Timings
 from .v2_schemas import (
     V2InferRequest,
     V2InferResponse,

@@ -6,32 +6,34 @@ after every check passed, so a failed export never leaves a half-written bundle 
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from model.checkpoint import CheckpointError, resolve_checkpoint
-from processing.qa import window_capacity
-from processing.tasks import TASKS
-from processing.words import WORD_SPLITS
 
 from . import optimize, quantize, quantize_rowwise
 from .bundle import (
-    DEFAULT_QA,
     FORMAT_VERSION,
     BundleManifest,
     VariantInfo,
     file_info,
     task_io,
     write_manifest,
+)
+from .checkpoint_fields import (
+    copy_tokenizer,
+    do_lower_case,
+    labels_and_problem,
+    preprocessing_rules,
+    qa_defaults_for,
+    tool_versions,
 )
 from .invariance import batch_invariance
 from .onnx_export import DEFAULT_OPSET, ExportError, OnnxHead, export_onnx, load_head
@@ -68,100 +70,8 @@ ROWWISE_RECIPES: dict[str, dict[str, Any]] = {"embed": {"outlier_channels": 16, 
 FUSED_TOLERANCE = 1e-4
 # fp16 keeps ~3 significant digits; the bound is relative to the largest reference logit.
 FP16_RELATIVE_TOLERANCE = 1e-2
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 __all__ = ["export_bundle", "ExportError", "VerificationError", "VARIANTS"]
-
-
-def _versions() -> dict[str, str]:
-    out = {}
-    for package in ("torch", "onnx", "onnxruntime", "transformers", "numpy", "tokenizers"):
-        try:
-            out[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            out[package] = "not installed"
-    return out
-
-
-def _do_lower_case(checkpoint_dir: Path) -> bool:
-    config_file = checkpoint_dir / "tokenizer_config.json"
-    if config_file.is_file():
-        value = json.loads(config_file.read_text(encoding="utf-8")).get("do_lower_case")
-        if value is not None:
-            return bool(value)
-    tokenizer_file = checkpoint_dir / "tokenizer.json"
-    if tokenizer_file.is_file():
-        normalizer = json.loads(tokenizer_file.read_text(encoding="utf-8")).get("normalizer") or {}
-        return bool(normalizer.get("lowercase", False))
-    return True  # BERT's uncased default, as BertTokenizer assumes
-
-
-def _labels(config, task: str) -> tuple[list[str] | None, str | None]:
-    """Labels from id2label; for classify, regression as `transformers` decides it: problem_type, or
-    a single output."""
-    if not TASKS[task].labelled:
-        return None, None
-    id2label = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
-    if sorted(id2label) != list(range(len(id2label))):
-        raise ExportError(f"config id2label keys {sorted(id2label)} are not 0..{len(id2label) - 1}")
-    labels = [id2label[i] for i in range(len(id2label))]
-    if task == "ner":
-        return labels, None
-    if config.problem_type == "multi_label_classification":
-        raise ExportError(
-            "config.json has problem_type 'multi_label_classification': the service scores labels with "
-            "a softmax, which is wrong for independent labels; multi-label export is not supported"
-        )
-    if config.problem_type == "regression" and len(labels) != 1:
-        raise ExportError(
-            f"config.json has problem_type 'regression' with {len(labels)} outputs; the service serves "
-            "one regression value"
-        )
-    return labels, "regression" if len(labels) == 1 else "single_label_classification"
-
-
-def _preprocessing(config, task: str) -> dict[str, Any]:
-    """Training-time rules serving must repeat (processing.words), as recorded by train.train."""
-    recorded = {k: config.extra[k] for k in ("word_split", "window_overlap") if k in config.extra}
-    if task == "ner" and recorded.get("word_split", WORD_SPLITS[0]) not in WORD_SPLITS:
-        raise ExportError(f"config word_split {recorded['word_split']!r} is not one of {WORD_SPLITS}")
-    return recorded
-
-
-def _qa_defaults(overrides: dict[str, int] | None, max_seq_len: int) -> dict[str, int]:
-    """SQuAD-style defaults, shrunk to fit short windows unless the caller set them."""
-    overrides = dict(overrides or {})
-    unknown = set(overrides) - set(DEFAULT_QA)
-    if unknown:
-        raise ExportError(f"unknown qa_defaults key(s) {sorted(unknown)}; known: {sorted(DEFAULT_QA)}")
-    merged = dict(DEFAULT_QA)
-    short_query = min(DEFAULT_QA["max_query_len"], max_seq_len // 4)
-    merged["max_query_len"] = overrides.get("max_query_len", short_query)
-    capacity = window_capacity(max_seq_len, merged["max_query_len"])
-    merged["doc_stride"] = overrides.get("doc_stride", min(DEFAULT_QA["doc_stride"], capacity // 2))
-    merged["max_answer_len"] = overrides.get("max_answer_len", DEFAULT_QA["max_answer_len"])
-    for key, value in merged.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ExportError(f"qa_defaults[{key!r}] must be a positive int, got {value!r}")
-    if merged["doc_stride"] >= capacity:
-        raise ExportError(
-            f"qa doc_stride {merged['doc_stride']} must be smaller than the context window "
-            f"max_seq_len {max_seq_len} - max_query_len {merged['max_query_len']} - 3 = {capacity}"
-        )
-    return merged
-
-
-def _copy_tokenizer(checkpoint_dir: Path, stage: Path) -> dict[str, Any]:
-    copied = {}
-    for name in TOKENIZER_FILES:
-        if (checkpoint_dir / name).is_file():
-            shutil.copyfile(checkpoint_dir / name, stage / name)
-            copied[name] = file_info(stage / name)
-    if "vocab.txt" not in copied and "tokenizer.json" not in copied:
-        raise ExportError(
-            f"{checkpoint_dir} has neither vocab.txt nor tokenizer.json: the bundle needs a tokenizer"
-        )
-    return copied
 
 
 def _fp16_check(task: str, path: Path, cases, references) -> dict[str, Any]:
@@ -246,8 +156,8 @@ def export_bundle(
             f"max_seq_len {max_seq_len} must be in "
             f"[2, max_position_embeddings={config.max_position_embeddings}]"
         )
-    labels, problem_type = _labels(config, task)
-    qa = _qa_defaults(qa_defaults, max_seq_len) if task == "qa" else None
+    labels, problem_type = labels_and_problem(config, task)
+    qa = qa_defaults_for(qa_defaults, max_seq_len) if task == "qa" else None
     if eval_batches is not None:
         eval_batches = quantize.check_eval_batches(task, eval_batches, max_seq_len)
 
@@ -272,7 +182,7 @@ def export_bundle(
             labels=labels,
             problem_type=problem_type,
             max_seq_len=max_seq_len,
-            do_lower_case=_do_lower_case(checkpoint_dir),
+            do_lower_case=do_lower_case(checkpoint_dir),
             inputs=task_io(task, config.num_labels, config.hidden_size)[0],
             outputs=task_io(task, config.num_labels, config.hidden_size)[1],
             variants={
@@ -286,14 +196,14 @@ def export_bundle(
                 for v in VARIANTS
                 if v in run.wanted
             },
-            tokenizer_files=_copy_tokenizer(checkpoint_dir, stage),
+            tokenizer_files=copy_tokenizer(checkpoint_dir, stage),
             qa_defaults=qa,
             pooling=encoder.manifest(config.hidden_size) if encoder else None,
-            preprocessing=_preprocessing(config, task),
+            preprocessing=preprocessing_rules(config, task),
             verification=run.verification,
             optimization=run.optimization,
             quantization=run.quantization,
-            versions=_versions(),
+            versions=tool_versions(),
             model={
                 "hidden_size": config.hidden_size,
                 "num_hidden_layers": config.num_hidden_layers,

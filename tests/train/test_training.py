@@ -12,9 +12,10 @@ import torch
 from model.bert import TASK_HEADS
 from processing.tokenizer import TextTokenizer
 from tests.helpers.tiny import make_tiny_checkpoint
+from train.cli import build_parser
 from train.features import TASKS, FeatureOptions
 from train.readers import read_examples
-from train.train import base_labels, build_model, build_parser, main
+from train.train import base_labels, build_model, main
 from train.train_utils import epoch_batches, parameter_groups
 from train.trainer import STATE_FILE, TrainConfig, Trainer
 

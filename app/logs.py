@@ -1,10 +1,20 @@
-"""JSON logs, one object per line, carrying the request id of the request being served."""
+"""JSON logs, one object per line, carrying the request id of the request being served.
+
+Records are formatted and written by one writer thread: the event loop only hands them over, so a
+slow stderr (a full pipe to a stalled log collector) never stalls serving, and the access line of
+every request costs the loop a queue put instead of a write syscall.
+"""
 
 from __future__ import annotations
 
+import atexit
+import copy
 import json
 import logging
+import queue
 import re
+import threading
+import time
 import uuid
 from contextvars import ContextVar
 from datetime import datetime, timezone
@@ -31,7 +41,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        request_id = request_id_var.get()
+        # Captured by the handler on the logging thread; the writer thread has no request context.
+        request_id = getattr(record, "_request_id", None) or request_id_var.get()
         if request_id:
             entry["request_id"] = request_id
         for key, value in vars(record).items():
@@ -40,13 +51,109 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             # Tracebacks go to the logs only, never into responses.
             entry["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exc"] = record.exc_text
         return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+class LogWriter:
+    """A bounded queue of records and the daemon thread that writes them. When the queue is full
+    (the stream blocks), records are dropped and counted, and the count is logged once it drains."""
+
+    def __init__(self, capacity: int = 10_000):
+        self.queue: queue.Queue[logging.LogRecord] = queue.Queue(capacity)
+        self.handler: logging.Handler = logging.StreamHandler()
+        self._dropped = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            with self._lock:
+                self._dropped += 1
+
+    def _take_dropped(self) -> int:
+        with self._lock:
+            dropped, self._dropped = self._dropped, 0
+        return dropped
+
+    def _run(self) -> None:
+        while True:
+            record = self.queue.get()
+            try:
+                self.handler.handle(record)
+                dropped = self._take_dropped()
+                if dropped:  # said right after the record that held the stream up
+                    self.handler.handle(
+                        logging.makeLogRecord(
+                            {
+                                "name": "app.logs",
+                                "levelno": logging.WARNING,
+                                "levelname": "WARNING",
+                                "msg": "log records dropped: the log stream did not keep up",
+                                "dropped": dropped,
+                            }
+                        )
+                    )
+            except Exception:  # noqa: BLE001 - the writer thread must outlive a bad record
+                pass
+            finally:
+                self.queue.task_done()
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every queued record is written (shutdown, tests); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+
+class QueuedHandler(logging.Handler):
+    """Hands a record to the writer, with what the writer thread cannot see resolved first: the
+    message, the traceback text and the request id."""
+
+    def __init__(self, writer: LogWriter):
+        super().__init__()
+        self.writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record = copy.copy(record)
+        record.msg, record.args = record.getMessage(), None
+        if record.exc_info:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        record._request_id = request_id_var.get()
+        self.writer.put(record)
+
+
+_writer: LogWriter | None = None
+
+
+def log_writer() -> LogWriter:
+    global _writer
+    if _writer is None:
+        _writer = LogWriter()
+        atexit.register(_writer.flush)
+    return _writer
+
+
+def flush_logs(timeout_s: float = 5.0) -> bool:
+    return log_writer().flush(timeout_s)
 
 
 def configure_logging(level: str) -> None:
     """JSON handler on the `app` logger and uvicorn's loggers (idempotent: tests build many apps)."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
+    writer = log_writer()
+    writer.flush()
+    stream = logging.StreamHandler()  # today's sys.stderr (tests capture it per app)
+    stream.setFormatter(JsonFormatter())
+    writer.handler = stream
+    handler = QueuedHandler(writer)
     setattr(handler, _HANDLER_MARK, True)
     for name in ("app", "uvicorn", "uvicorn.error"):
         logger = logging.getLogger(name)

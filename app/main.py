@@ -25,7 +25,7 @@ from fastapi_offline import FastAPIOffline
 from .admin import router as admin_router
 from .control import ModelControl
 from .errors import install_error_handlers
-from .logs import configure_logging
+from .logs import configure_logging, flush_logs
 from .metrics import Metrics
 from .middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
 from .registry import Registry
@@ -127,6 +127,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await control.close()
             restore_signals()
             log.info("shutdown complete")
+            flush_logs()
 
     # /docs and /redoc load Swagger UI and ReDoc from files installed with fastapi-offline, not
     # from a CDN: the docs work where the browser has no internet. No online validator badge either.

@@ -279,6 +279,21 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def thread_cpu_seconds(pid: int) -> tuple[float, float]:
+    """(the process's main thread, all its other threads) user + system CPU seconds: for our
+    server, the event loop versus inference (and the log writer, and tokenizing long inputs)."""
+    import psutil
+
+    main = other = 0.0
+    for thread in psutil.Process(pid).threads():
+        seconds = thread.user_time + thread.system_time
+        if thread.id == pid:
+            main += seconds
+        else:
+            other += seconds
+    return main, other
+
+
 def tree_rss_mb(pid: int) -> float:
     import psutil
 

@@ -23,6 +23,7 @@ Writes benchmarks/results/service{,_quick}.{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import sys
@@ -102,6 +103,10 @@ def ort_server(task: str, bundle: Path, port: int, args) -> tuple[list[str], dic
     return command + ["--variant", args.cpu_variant, "--threads", str(args.threads)], {}
 
 
+def per_request_ms(seconds: float, requests: int) -> float | None:
+    return round(1000 * seconds / requests, 3) if requests else None
+
+
 def load_levels(url: str, pid: int, endpoint: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Warm up, then one closed-loop run per concurrency level with CPU accounting."""
     base = loadgen.LoadConfig(
@@ -116,10 +121,14 @@ def load_levels(url: str, pid: int, endpoint: str, args: argparse.Namespace) -> 
     rows = []
     for level in args.concurrency:
         config = loadgen.LoadConfig(**{**base.__dict__, "duration_s": args.duration, "concurrency": level})
-        cpu_before = common.tree_cpu_seconds(pid)
+        cpu_before, threads_before = common.tree_cpu_seconds(pid), common.thread_cpu_seconds(pid)
+        client_before = sum(os.times()[:2])  # this process alone: the load generator
         report = loadgen.run(config)
         cpu = common.tree_cpu_seconds(pid) - cpu_before
+        threads = [a - b for a, b in zip(common.thread_cpu_seconds(pid), threads_before, strict=True)]
+        client = sum(os.times()[:2]) - client_before
         ok = report["ok"]
+
         rows.append(
             {
                 "concurrency": level,
@@ -132,6 +141,13 @@ def load_levels(url: str, pid: int, endpoint: str, args: argparse.Namespace) -> 
                 "latency_ms": report["latency_ms"],
                 "cpu_seconds": round(cpu, 3),
                 "cpu_seconds_per_1000_requests": round(1000 * cpu / ok, 3) if ok else None,
+                # Where the server's CPU goes: its main thread (for us the event loop: HTTP,
+                # validation, tokenizing, batching) and its other threads (for us inference).
+                "cpu_ms_per_request": {
+                    "main_thread": per_request_ms(threads[0], ok),
+                    "other_threads": per_request_ms(threads[1], ok),
+                    "load_generator": per_request_ms(client, ok),
+                },
                 "elapsed_s": report["elapsed_s"],
             }
         )
@@ -244,15 +260,18 @@ def markdown(report: dict[str, Any]) -> str:
             f"Bundle `{entry['bundle']}` (ours and `ort` serve the same file); `pipeline` baseline "
             f"checkpoint `{entry['checkpoint']}` ({entry['checkpoint_source']}).",
             "",
-            "| server | concurrency | req/s | p50 ms | p99 ms | errors | CPU-s / 1k req |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| server | concurrency | req/s | p50 ms | p99 ms | errors | CPU-s / 1k req "
+            "| CPU ms/req: main thread / other threads / load generator |",
+            "|---|---:|---:|---:|---:|---:|---:|---|",
         ]
         for server_name, result in entry["servers"].items():
             for r in result["levels"]:
                 lat = r["latency_ms"]
                 lines.append(
                     f"| {server_name} | {r['concurrency']} | {r['throughput_rps']:.1f} | {lat['p50']} | "
-                    f"{lat['p99']} | {r['errors']} | {r['cpu_seconds_per_1000_requests']} |"
+                    f"{lat['p99']} | {r['errors']} | {r['cpu_seconds_per_1000_requests']} | "
+                    + " / ".join(str(v) for v in r.get("cpu_ms_per_request", {}).values())
+                    + " |"
                 )
         ref = entry["model_only"]
         lines += [

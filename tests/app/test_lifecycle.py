@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from app import loader
+from app.logs import flush_logs
 from app.main import ServiceState, _hook_termination, create_app
 from app.registry import ConfigError
 from app.settings import Settings
@@ -270,6 +271,7 @@ async def test_json_logs_carry_the_request_id(models_dir, capsys):
     async with serving(models_dir, log_level="INFO") as (_, client):
         capsys.readouterr()
         await client.post("/classify", json={"text": "good"}, headers={"x-request-id": "log-test-1"})
+        assert flush_logs()
         lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     access = [x for x in lines if x.get("request_id") == "log-test-1" and x["message"] == "request"]
     assert len(access) == 1

@@ -297,10 +297,9 @@ class Batcher:
                 taken = {id(it) for it in selected}
                 self._queue = [it for it in self._queue if id(it) not in taken]
                 self.observer.on_queue_depth(len(self._queue))
-                inline = (
-                    not self._in_flight and not self._queue and padded_tokens(selected) <= self.inline_tokens
-                )
-                task = loop.create_task(self._run_batch(selected, loop, inline))
+                alone = not self._in_flight and not self._queue
+                inline = alone and padded_tokens(selected) <= self.inline_tokens
+                task = loop.create_task(self._run_batch(selected, loop, inline, alone))
                 self._in_flight.add(task)
                 task.add_done_callback(self._batch_done)
         finally:
@@ -313,15 +312,17 @@ class Batcher:
         if self._wake is not None:
             self._wake.set()
 
-    async def _run_batch(self, items: list[WorkItem], loop: asyncio.AbstractEventLoop, inline: bool) -> None:
+    async def _run_batch(
+        self, items: list[WorkItem], loop: asyncio.AbstractEventLoop, inline: bool, alone: bool
+    ) -> None:
         try:
-            await self._infer_batch(items, loop, inline)
+            await self._infer_batch(items, loop, inline, alone)
         finally:
             if self.compute is not None:
                 self.compute.release()
 
     async def _infer_batch(
-        self, items: list[WorkItem], loop: asyncio.AbstractEventLoop, inline: bool
+        self, items: list[WorkItem], loop: asyncio.AbstractEventLoop, inline: bool, alone: bool
     ) -> None:
         batch_id = next(self._batch_ids)
         started = self.clock()
@@ -329,9 +330,9 @@ class Batcher:
         try:
             payloads = [it.payload for it in items]
             if inline:
-                outputs = self._infer(payloads)
+                outputs = self._infer(payloads, alone)
             else:
-                outputs = await loop.run_in_executor(self._executor, self._infer, payloads)
+                outputs = await loop.run_in_executor(self._executor, self._infer, payloads, alone)
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the worker
             log.error(
                 "batch failed",
@@ -351,9 +352,11 @@ class Batcher:
                 ItemResult(row, started - item.enqueued_at, inference_s, batch_id, len(items))
             )
 
-    def _infer(self, payloads: list[Any]) -> dict[str, np.ndarray]:
+    def _infer(self, payloads: list[Any], alone: bool = False) -> dict[str, np.ndarray]:
         inputs = self.collate(payloads)
-        outputs = self.runtime.run(inputs)
+        # Alone in an idle model (nothing running, nothing queued): every core may serve it.
+        run_alone = getattr(self.runtime, "run_alone", None) if alone else None
+        outputs = run_alone(inputs) if run_alone is not None else self.runtime.run(inputs)
         for name, value in outputs.items():
             if len(value) != len(payloads):
                 raise RuntimeError(

@@ -13,7 +13,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,11 @@ class SessionPlan:
     threads: int
     instances: int
     tuning: SessionTuning
+    solo_threads: int = 0  # a session with this many threads for batches alone in the model (0: none)
+
+    @property
+    def sessions(self) -> int:
+        return self.instances + (1 if self.solo_threads else 0)
 
 
 @dataclass
@@ -109,10 +114,10 @@ def build(
     )
     bundle.device = plan.device
     bundle.variant = choose_variant(plan.device, manifest.variants, cpu_variant)
-    weights = manifest.variants[bundle.variant].bytes * plan.instances
+    weights = manifest.variants[bundle.variant].bytes * plan.sessions
     if room is not None and weights > room:
         raise MemoryLimitExceeded(
-            f"{source.model} version {source.version}: its {plan.instances} session(s) of "
+            f"{source.model} version {source.version}: its {plan.sessions} session(s) of "
             f"{manifest.variants[bundle.variant].file} hold at least {weights / MB:.1f} MB of weights, "
             f"and MAX_MODELS_MEMORY_MB leaves {room / MB:.1f} MB",
             serving=None,
@@ -123,11 +128,17 @@ def build(
     bundle.threads = plan.threads
     path = manifest.variant_path(source.path, bundle.variant)
     disabled = manifest.variants[bundle.variant].disabled_optimizers
+    solo = None
+    if plan.solo_threads:
+        # Spins while it runs (a lone request gets the whole machine's latency), never after.
+        tuning = replace(plan.tuning, spinning=True, stop_spinning_after_run=True)
+        solo = create_runtime(path, plan.device, plan.solo_threads, tuning, disabled_optimizers=disabled)
     bundle.runtime = RuntimePool(
         [
             create_runtime(path, plan.device, plan.threads, plan.tuning, disabled_optimizers=disabled)
             for _ in range(plan.instances)
-        ]
+        ],
+        solo,
     )
     warm_up(bundle, max_batch_size)
     after = resident_bytes()
@@ -155,6 +166,7 @@ def warm_up(bundle: Bundle, max_batch_size: int) -> None:
     for batch in ([short], [longest] * rows):
         payloads: list[Any] = [[e, e] for e in batch] if spec.choices else batch
         outputs = runtime.run(collate(payloads))
+        runtime.run_alone(collate(payloads))  # the solo session's first run, if it has one
         missing = set(manifest.output_names) - set(outputs)
         if missing:
             raise BundleError(f"model outputs lack {sorted(missing)} listed in {MANIFEST_NAME}")
@@ -167,12 +179,12 @@ def warm_up(bundle: Bundle, max_batch_size: int) -> None:
         if not all(np.isfinite(v).all() for v in outputs.values()):
             raise BundleError("warm-up produced NaN or infinite outputs")
     if bundle.variant and batch_invariant(bundle.variant, bundle.device):
-        # The promise /models makes, checked on this machine's kernels: the short input alone
-        # against the same input padded next to the longest one.
+        # The promise /models makes, checked on this machine's kernels: the short input alone (on
+        # the session a lone request gets) against the same input padded next to the longest one.
         pair: list[Any] = [short, longest]
         if spec.choices:
             pair = [[e, e] for e in pair]
-        report = batch_invariance(manifest.task, runtime.run, [collate(pair)])
+        report = batch_invariance(manifest.task, runtime.run, [collate(pair)], runtime.run_alone)
         if not report["invariant"]:
             raise BundleError(
                 f"variant {bundle.variant} should give a row the same outputs alone and in a batch, "

@@ -69,6 +69,7 @@ def model_info(registry: Registry, model: Model) -> ModelInfo:
             providers=runtime.providers if runtime else [],
             intra_op_threads=bundle.threads,
             instances=runtime.instances if runtime else None,
+            solo_threads=runtime.solo_threads if runtime else None,
             max_seq_len=manifest.max_seq_len,
             qa_defaults=manifest.qa_defaults if manifest.task == "qa" else None,
             pooling={k: v for k, v in manifest.pooling.items() if k != "source"}

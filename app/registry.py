@@ -201,7 +201,11 @@ class Registry:
             arena_shrinkage=self.settings.ort_arena_shrinkage and self.settings.ort_cpu_arena,
             shrink_above_tokens=self.settings.ort_shrink_above_tokens,
         )
-        return SessionPlan(self.device, self.threads, instances, tuning)
+        # One model alone on the CPU with several single-core sessions: a lone batch may have them all.
+        solo = self.threads * instances if self.settings.solo_session and self.device == "cpu" else 0
+        if serving > 1 or instances < 2 or solo > cores:
+            solo = 0
+        return SessionPlan(self.device, self.threads, instances, tuning, solo)
 
     def room(self, model: Model) -> int | None:
         """Bytes the other models leave under MAX_MODELS_MEMORY_MB (the version being replaced is

@@ -134,6 +134,9 @@ class SessionTuning:
     """
 
     spinning: bool = True  # idle intra-op threads spin; off when several sessions share the cores
+    # Spin only inside a run: between runs the threads sleep instead of holding cores that other
+    # sessions of the model need (the solo session below).
+    stop_spinning_after_run: bool = False
     mem_pattern: bool = True
     cpu_arena: bool = True
     arena_shrinkage: bool = False  # give the arena's free chunks back after large runs
@@ -153,8 +156,10 @@ class OrtRuntime:
         io_binding: bool | None = None,
         run_options: Any = None,
         run_options_above_tokens: int = 0,
+        threads: int | None = None,
     ):
         self.session = session
+        self.threads = threads
         self.device = device
         self.io_binding = device == "cuda" if io_binding is None else io_binding
         self.run_options = run_options
@@ -207,12 +212,19 @@ class RuntimePool:
     two single-threaded sessions side by side outrun one two-threaded session, whose threads
     meet at a barrier after every operator and stall whenever the OS lends one core to the
     HTTP thread.
+
+    A lone request on an idle model would then use one core and leave the others idle: `solo`, a
+    session with all the model's cores, runs the batches the batcher finds alone (`run_alone`).
+    Its threads give a single request the latency of the whole machine and stop spinning after
+    each run, so they hold no core once the single-threaded sessions take over under load.
     """
 
-    def __init__(self, runtimes: list[OrtRuntime]):
+    def __init__(self, runtimes: list[OrtRuntime], solo: OrtRuntime | None = None):
         if not runtimes:
             raise ValueError("a runtime pool needs at least one runtime")
         self.runtimes = runtimes
+        self.solo = solo
+        self._solo_lock = threading.Lock()
         # Last in, first out: under light load one session (its weights and arena) stays warm.
         self._free = list(reversed(runtimes))
         self._returned = threading.Condition()
@@ -222,12 +234,25 @@ class RuntimePool:
         return len(self.runtimes)
 
     @property
+    def solo_threads(self) -> int | None:
+        return self.solo.threads if self.solo is not None else None
+
+    @property
     def provider(self) -> str:
         return self.runtimes[0].provider
 
     @property
     def providers(self) -> list[str]:
         return self.runtimes[0].providers
+
+    def run_alone(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run a batch that is alone in an idle model on the solo session (if any and free)."""
+        if self.solo is not None and self._solo_lock.acquire(blocking=False):
+            try:
+                return self.solo.run(inputs)
+            finally:
+                self._solo_lock.release()
+        return self.run(inputs)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._returned:
@@ -255,6 +280,8 @@ def session_options(threads: int, tuning: SessionTuning = SessionTuning()) -> An
     if not tuning.spinning:
         # Several sessions share the cores: idle threads spinning would steal them from each other.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif tuning.stop_spinning_after_run:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     return options
 
 
@@ -294,7 +321,11 @@ def create_runtime(
     )
     check_providers(list(session.get_providers()), device, model_path)
     return OrtRuntime(
-        session, device, run_options=run_options(tuning), run_options_above_tokens=tuning.shrink_above_tokens
+        session,
+        device,
+        run_options=run_options(tuning),
+        run_options_above_tokens=tuning.shrink_above_tokens,
+        threads=threads,
     )
 
 

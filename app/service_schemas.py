@@ -70,6 +70,9 @@ class ModelInfo(BaseModel):
     providers: list[str] = Field(default_factory=list)
     intra_op_threads: int | None = None
     instances: int | None = None
+    solo_threads: int | None = Field(
+        None, description="Threads of the session that runs a batch alone in the idle model (null: none)"
+    )
     max_seq_len: int | None = None
     qa_defaults: dict[str, int] | None = None
     pooling: dict[str, str | bool | int] | None = Field(

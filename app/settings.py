@@ -23,6 +23,11 @@ class Settings(BaseSettings):
     model_instances: int = Field(
         0, ge=0, description="Sessions per model running batches side by side; 0 = auto (see app/runtime.py)"
     )
+    solo_session: bool = Field(
+        True,
+        description="CPU, one model with several sessions: one more session with all its cores runs a "
+        "batch alone in the idle model (single-request latency); off saves that session's memory",
+    )
     max_batch_size: int = Field(32, ge=1)
     max_batch_tokens: int | None = Field(
         None, ge=1, description="Padded tokens per batch (longest x rows); unset = 1024 on CPU, 8192 on CUDA"

@@ -279,19 +279,13 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def thread_cpu_seconds(pid: int) -> tuple[float, float]:
-    """(the process's main thread, all its other threads) user + system CPU seconds: for our
-    server, the event loop versus inference (and the log writer, and tokenizing long inputs)."""
+def main_thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process's main thread: for our server, the event loop (HTTP,
+    validation, tokenizing, batching). The rest of its process tree's time is in other threads
+    (for us inference, whose threads outlive the run; threads that ended still count there)."""
     import psutil
 
-    main = other = 0.0
-    for thread in psutil.Process(pid).threads():
-        seconds = thread.user_time + thread.system_time
-        if thread.id == pid:
-            main += seconds
-        else:
-            other += seconds
-    return main, other
+    return sum(t.user_time + t.system_time for t in psutil.Process(pid).threads() if t.id == pid)
 
 
 def tree_rss_mb(pid: int) -> float:

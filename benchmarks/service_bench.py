@@ -6,12 +6,14 @@
 
 For each endpoint (/classify, /qa), one after the other on loopback: start our real server
 (`uvicorn app.main:app`, MODELS_DIR holding only that endpoint's bundle, its default CPU variant),
-then the fair peer (benchmarks/ort_server.py: the transformers tokenizer and one ONNX Runtime
-session.run per request on the same bundle file, no batching), then the pipeline baseline
+the same without its solo session (`ours-no-solo`: a lone request on one core), then the fair
+peer (benchmarks/ort_server.py: the transformers tokenizer and one ONNX Runtime session.run per
+request on the same bundle file, no batching), then the pipeline baseline
 (benchmarks/pipeline_server.py) on the checkpoint the bundle was exported from. Each runs
 closed-loop load from benchmarks/loadgen.py at every concurrency level, with the same seeded
-payload mix; we record throughput, p50/p99 and CPU-seconds per 1,000 requests (user + system time
-of the server's process tree). With no server running, the model-only references
+payload mix; we record throughput, p50/p99, CPU-seconds per 1,000 requests (user + system time
+of the server's process tree) and CPU ms per request of the server's main thread (our event loop),
+its other threads (our inference) and the load generator. With no server running, the model-only references
 are then measured on the same payloads: ORT time per request run alone (concurrency 1) and ORT
 throughput on full length-sorted batches. Targets reported: throughput at concurrency 32 >= 90% of
 the model-only batched throughput; p50 at concurrency 1 <= 1 ms + 110% of the model-only time;
@@ -37,7 +39,9 @@ from benchmarks import loadgen
 from benchmarks.loadgen_payloads import make_payload
 
 ENDPOINTS = ("classify", "qa")
-SERVERS = ("ours", "ort", "pipeline")
+# ours-no-solo: our server without its solo session (SOLO_SESSION=false), the ablation of a lone
+# request on every core against one core.
+SERVERS = ("ours", "ours-no-solo", "ort", "pipeline")
 # Against the plain ORT server on the same file (the targets, /classify).
 TARGET_VS_ORT = {1: 1.0, 32: 2.0}
 TARGET_C32_FRACTION = 0.9
@@ -121,11 +125,11 @@ def load_levels(url: str, pid: int, endpoint: str, args: argparse.Namespace) -> 
     rows = []
     for level in args.concurrency:
         config = loadgen.LoadConfig(**{**base.__dict__, "duration_s": args.duration, "concurrency": level})
-        cpu_before, threads_before = common.tree_cpu_seconds(pid), common.thread_cpu_seconds(pid)
+        cpu_before, main_before = common.tree_cpu_seconds(pid), common.main_thread_cpu_seconds(pid)
         client_before = sum(os.times()[:2])  # this process alone: the load generator
         report = loadgen.run(config)
         cpu = common.tree_cpu_seconds(pid) - cpu_before
-        threads = [a - b for a, b in zip(common.thread_cpu_seconds(pid), threads_before, strict=True)]
+        main = common.main_thread_cpu_seconds(pid) - main_before
         client = sum(os.times()[:2]) - client_before
         ok = report["ok"]
 
@@ -144,8 +148,8 @@ def load_levels(url: str, pid: int, endpoint: str, args: argparse.Namespace) -> 
                 # Where the server's CPU goes: its main thread (for us the event loop: HTTP,
                 # validation, tokenizing, batching) and its other threads (for us inference).
                 "cpu_ms_per_request": {
-                    "main_thread": per_request_ms(threads[0], ok),
-                    "other_threads": per_request_ms(threads[1], ok),
+                    "main_thread": per_request_ms(main, ok),
+                    "other_threads": per_request_ms(cpu - main, ok),
                     "load_generator": per_request_ms(client, ok),
                 },
                 "elapsed_s": report["elapsed_s"],
@@ -346,8 +350,10 @@ def run_endpoint(endpoint: str, bundle: Path, checkpoint: Path, how: str, args) 
     for kind in args.servers:
         port = common.free_port()
         url = f"http://127.0.0.1:{port}"
-        if kind == "ours":
+        if kind in ("ours", "ours-no-solo"):
             command, env = our_server(bundle, port, args, args.work_dir / "models-dir" / endpoint)
+            if kind == "ours-no-solo":
+                env["SOLO_SESSION"] = "false"
         elif kind == "ort":
             command, env = ort_server(endpoint, bundle, port, args)
         else:
@@ -383,7 +389,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: c=1,8, 2 s per level")
     p.add_argument("--endpoints", default=",".join(ENDPOINTS), help="comma list of classify,qa")
-    p.add_argument("--servers", default=",".join(SERVERS), help="comma list of ours,ort,pipeline")
+    p.add_argument("--servers", default=",".join(SERVERS), help="comma list of " + ",".join(SERVERS))
     p.add_argument("--concurrency", help="comma list (default 1,8,32,64; quick 1,8)")
     p.add_argument("--duration", type=float, help="seconds per level (default 20; quick 2)")
     p.add_argument("--warmup", type=float, help="warm-up seconds per server (default 5; quick 1)")

@@ -24,16 +24,23 @@ def row_alone(feeds: Feeds, i: int) -> Feeds:
     return {name: np.ascontiguousarray(value[i : i + 1, ..., :length]) for name, value in feeds.items()}
 
 
-def batch_invariance(task: str, run: Callable[[Feeds], dict[str, np.ndarray]], batches: list[Feeds]) -> dict:
-    """Worst |difference| between each row run alone and inside its batch, over right-padded
-    `batches`; token-level outputs (ner, qa) are compared over the row's own tokens."""
+def batch_invariance(
+    task: str,
+    run: Callable[[Feeds], dict[str, np.ndarray]],
+    batches: list[Feeds],
+    run_alone: Callable[[Feeds], dict[str, np.ndarray]] | None = None,
+) -> dict:
+    """Worst |difference| between each row run alone (by `run_alone`, default `run`) and inside its
+    batch, over right-padded `batches`; token-level outputs (ner, qa) are compared over the row's
+    own tokens."""
+    run_alone = run_alone or run
     worst, rows = 0.0, 0
     for feeds in batches:
         together = run(feeds)
         for i in range(feeds["input_ids"].shape[0]):
             alone_feeds = row_alone(feeds, i)
             length = alone_feeds["input_ids"].shape[-1]
-            alone = run(alone_feeds)
+            alone = run_alone(alone_feeds)
             for name, value in alone.items():
                 mine = together[name][i : i + 1]
                 mine = mine[:, :length] if token_level(task) else mine

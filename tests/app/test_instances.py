@@ -18,6 +18,7 @@ from app.runtime import (
     resolve_instances,
     resolve_padding_factor,
 )
+from app.settings import available_cores
 from app.task_service import INLINE_CHARS, cpu_step
 from tests.app.conftest import bundle_of, serving
 from tests.app.test_batching import assert_same, mixed_requests
@@ -250,3 +251,74 @@ def test_available_cores_are_capped_by_the_quota(tmp_path):
     assert available_cores(tmp_path / "cpu.max") == 1
     (tmp_path / "cpu.max").write_text(f"{100000 * (affinity + 4)} 100000\n")  # more than we may run on
     assert available_cores(tmp_path / "cpu.max") == affinity
+
+
+class SoloRecorder:
+    """A pool-like runtime that records which path ran each batch; held inside run() on demand."""
+
+    def __init__(self):
+        self.paths: list[str] = []
+        self.gate: threading.Event | None = None
+
+    def run(self, inputs):
+        self.paths.append("pool")
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        return {"logits": inputs["x"].astype(np.float32)}
+
+    def run_alone(self, inputs):
+        self.paths.append("solo")
+        return {"logits": inputs["x"].astype(np.float32)}
+
+
+async def test_only_a_batch_alone_in_an_idle_model_goes_to_the_solo_session():
+    runtime = SoloRecorder()
+    batcher = Batcher(runtime, collate, max_wait_ms=0, concurrency=2, max_batch_size=1)
+    batcher.start()
+    await asyncio.gather(*batcher.submit([WorkItem(payload=1, length=4)]))
+    assert runtime.paths == ["solo"]
+    # Three items at once: the first batch leaves two queued and the second runs beside the first,
+    # so neither is alone (the third may be, once both are done).
+    runtime.gate = threading.Event()
+    futures = batcher.submit([WorkItem(payload=n, length=4) for n in range(3)])
+    await asyncio.sleep(0.05)
+    runtime.gate.set()
+    await asyncio.gather(*futures)
+    assert runtime.paths[1:3] == ["pool", "pool"] and len(runtime.paths) == 4
+    await batcher.stop()
+
+
+def test_pool_runs_alone_batches_on_its_solo_session_when_free():
+    class Named:
+        def __init__(self, name: str, threads: int):
+            self.name, self.threads = name, threads
+
+        def run(self, inputs):
+            return {"by": np.array([self.name])}
+
+    one = Named("one", 1)
+    pool = RuntimePool([one], solo=Named("solo", 2))
+    assert pool.solo_threads == 2
+    assert pool.run_alone({})["by"][0] == "solo" and pool.run({})["by"][0] == "one"
+    with pool._solo_lock:  # the solo session busy: a second lone batch takes a pool session
+        assert pool.run_alone({})["by"][0] == "one"
+    assert RuntimePool([one]).run_alone({})["by"][0] == "one" and RuntimePool([one]).solo_threads is None
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="the solo session needs two cores or more")
+async def test_one_model_alone_gets_a_solo_session_several_do_not(models_dir, app_bundles, tmp_path):
+    async with serving(models_dir) as (_, client):  # several models share the cores
+        assert {m["solo_threads"] for m in (await client.get("/models")).json()["models"]} == {None}
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "m").symlink_to(app_bundles["classify"], target_is_directory=True)
+    async with serving(alone, model_instances=2, intra_op_threads=1) as (_, client):
+        (model,) = (await client.get("/models")).json()["models"]
+        assert (model["instances"], model["intra_op_threads"], model["solo_threads"]) == (2, 1, 2)
+        lone = (await client.post("/classify", json={"text": "a short one"})).json()
+        batch = await client.post(
+            "/classify", json={"inputs": [{"text": "a short one"}, {"text": "a much longer text " * 20}]}
+        )
+        assert batch.json()["results"][0] == lone  # all cores alone, one core in a batch: same answer
+    async with serving(alone, model_instances=2, intra_op_threads=1, solo_session=False) as (_, client):
+        assert (await client.get("/models")).json()["models"][0]["solo_threads"] is None

@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from app.settings import available_cores
 from benchmarks import bench_common, service_bench
 from benchmarks.loadgen_payloads import make_payload
 from benchmarks.model_only import BundleModel, batched_reference, pack, single_request_reference
@@ -114,14 +115,19 @@ def test_all_three_real_servers_under_load(tiny_checkpoints, tiny_bundles, tmp_p
     assert code == 0
     report = json.loads((out / "service_quick.json").read_text())
     entry = report["endpoints"]["classify"]
-    assert set(entry["servers"]) == {"ours", "ort", "pipeline"}
+    assert set(entry["servers"]) == {"ours", "ours-no-solo", "ort", "pipeline"}
     assert entry["servers"]["ort"]["models"]["variant"] == "int8-rowwise"  # the file ours serves
-    assert entry["servers"]["ours"]["models"]  # our /models answered: the real app served it
+    (ours,) = entry["servers"]["ours"]["models"]["models"]  # our /models answered: the real app served it
+    (no_solo,) = entry["servers"]["ours-no-solo"]["models"]["models"]
+    assert no_solo["solo_threads"] is None
+    assert ours["solo_threads"] == (ours["instances"] if available_cores() >= 2 else None)
     for server in entry["servers"].values():
         assert [r["concurrency"] for r in server["levels"]] == [1, 2]
         for row in server["levels"]:
             assert row["ok"] > 0 and row["errors"] == 0 and row["schema_errors"] == 0
             assert row["cpu_seconds_per_1000_requests"] > 0
+            split = row["cpu_ms_per_request"]
+            assert split["main_thread"] > 0 and split["other_threads"] >= 0 and split["load_generator"] > 0
             assert row["latency_ms"]["p50"] <= row["latency_ms"]["p99"]
     assert entry["model_only"]["single_request"]["p50_ms"] > 0
     # No c=32 level in this run.

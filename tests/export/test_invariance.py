@@ -57,6 +57,24 @@ def test_default_cpu_variant_is_batch_invariant_for_every_task(bundles, task):
     assert manifest.verification["fused"]["batch_invariance"]["max_abs_diff"] <= INVARIANCE_TOLERANCE
 
 
+@pytest.mark.parametrize("task", TASKS)
+def test_rows_alone_on_every_core_equal_rows_batched_on_one(bundles, task):
+    """The service runs a lone request on a session with all the model's cores (the solo session)
+    and batches on single-threaded ones: a row must come out the same either way."""
+    from app.runtime import SessionTuning, create_runtime
+
+    manifest = load_bundle_manifest(bundles[task])
+    default = choose_variant("cpu", manifest.variants)
+    path = manifest.variant_path(bundles[task], default)
+    disabled = manifest.variants[default].disabled_optimizers
+    one = create_runtime(path, "cpu", 1, SessionTuning(spinning=False), disabled_optimizers=disabled)
+    solo = SessionTuning(spinning=True, stop_spinning_after_run=True)
+    every = create_runtime(path, "cpu", 4, solo, disabled_optimizers=disabled)
+    vocab = len((bundles[task] / "vocab.txt").read_text().splitlines())
+    report = batch_invariance(task, one.run, mixed_batches(task, vocab), every.run)
+    assert report["rows"] == 10 and report["max_abs_diff"] <= INVARIANCE_TOLERANCE, report
+
+
 @pytest.mark.parametrize("task", ["classify", "qa"])
 def test_dynamic_int8_moves_with_its_batch(bundles, task):
     # The check can fail: ORT's per-tensor activation scale depends on the whole batch.

@@ -28,8 +28,23 @@ def test_stages_chain_into_the_task(tmp_path):
 def test_a_recipe_without_stages_is_one_command(tmp_path):
     from benchmarks.finetune import BASE, recipes, train_commands
 
-    [(out, cmd)] = train_commands("sst2", recipes(tmp_path)["sst2"], threads=1)
+    [(out, cmd)] = train_commands("sst2", recipes(tmp_path)["sst2"], threads=1, precision="fp32")
     assert out.name == "sst2" and option(cmd, "--base") == BASE and option(cmd, "--num-threads") == "1"
+    assert option(cmd, "--precision") == "fp32"
+
+
+def test_bf16_only_where_the_cpu_has_native_bf16(tmp_path):
+    from benchmarks.finetune import cpu_has_fast_bf16
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: fpu sse avx avx2 fma\n")
+    assert not cpu_has_fast_bf16(cpuinfo)
+    cpuinfo.write_text("flags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n")
+    assert cpu_has_fast_bf16(cpuinfo)
+    cpuinfo.write_text("flags\t\t: fpu avx2 amx_bf16 amx_tile\n")
+    assert cpu_has_fast_bf16(cpuinfo)
+    cpuinfo.unlink()
+    assert not cpu_has_fast_bf16(cpuinfo), "no /proc/cpuinfo: fp32, the safe choice"
 
 
 def result(metric_value: float, **commands) -> dict:
@@ -56,3 +71,15 @@ def test_results_list_every_stage_command(tmp_path):
     table = path.with_suffix(".md").read_text()
     assert "- sst2: `train sst2`" in table
     assert "- squad: `train race`, then `train squad`" in table
+
+
+def test_a_continuation_trains_the_stored_default_on_the_task_data(tmp_path):
+    from benchmarks.finetune import continuation_command, recipes
+
+    recipe = recipes(tmp_path)["squad"]
+    base, out, cmd = continuation_command("squad", recipe, threads=2, precision="fp32")
+    assert option(cmd, "--base") == str(base) and base.name == "squad-default"
+    assert option(cmd, "--out") == str(out) and out != base
+    assert option(cmd, "--train").endswith("squad-v1.1-dev-part-b.json"), "the task's own data"
+    assert option(cmd, "--validation-fraction") == "0.15", "validated on the same held-out articles"
+    assert option(cmd, "--epochs") == recipe["continue"][recipe["continue"].index("--epochs") + 1]

@@ -30,7 +30,7 @@ COMMON = ["--freeze-embeddings", "--no-progress", "--log-every", "50"]
 
 def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """bf16 autocast pays only with native bf16 matmuls (AVX512-BF16 or AMX). On an AVX2-only CPU
-    a MiniLM training step measured 15x slower in bf16 than in fp32 (2026-11-24, AMD EPYC)."""
+    a MiniLM training step measured 16.5x slower in bf16 than in fp32 (benchmarks/train_precision.py)."""
     try:
         flags = cpuinfo.read_text()
     except OSError:
@@ -139,9 +139,6 @@ def recipes(data: Path) -> dict[str, dict]:
                 }
             ],
             "train": ["--batch-size", "16", "--epochs", "3", "--lr", "1.5e-4", "--warmup-ratio", "0.1"],
-            # --continue-default: one more epoch of the stored default on SQuAD, which still gained
-            # 4 F1 in its last epoch (benchmarks/results/finetune_squad_recipes.md).
-            "continue": ["--batch-size", "16", "--epochs", "1", "--lr", "1e-4", "--warmup-ratio", "0.1"],
             "metric": "f1",
         },
     }
@@ -189,37 +186,13 @@ def train_commands(
     return commands
 
 
-def continuation_command(
-    name: str, recipe: dict, threads: int, precision: str
-) -> tuple[Path, Path, list[str]]:
-    """(base, output, command) of the recipe's `continue` step: more training of the stored default
-    (rebuilt into `base`) on the task's own data."""
-    base, out = Path("runs") / f"{name}-default", Path("runs") / f"{name}-continued"
-    cmd = [sys.executable, "-m", "train", *recipe["data"], *recipe["continue"], "--base", str(base), *COMMON]
-    return base, out, [*cmd, "--precision", precision, "--num-threads", str(threads), "--out", str(out)]
-
-
 def one_task(name: str, recipe: dict, args: argparse.Namespace) -> dict:
     from model.compact import compress, rebuild
 
-    earlier: dict = {"train_commands": [], "train_wall_time_s": 0.0, "train_steps": 0}
-    if args.continue_default:
-        if "continue" not in recipe:
-            raise SystemExit(f"{name}: its recipe has no 'continue' step")
-        # The default's own training is reported with it, then the continuation.
-        earlier = live_results(args.out).get(name) or {}
-        if not earlier.get("train_commands"):
-            raise SystemExit(f"{name}: {args.out} does not record how the stored default was trained")
-        base, out, cmd = continuation_command(name, recipe, args.threads, args.precision)
-        if not args.skip_train:
-            rebuild(REPO / "defaults" / recipe["bundle"], REPO / base)
+    commands = train_commands(name, recipe, args.threads, args.precision)
+    if not args.skip_train:
+        for out, cmd in commands:
             run(cmd, out.with_suffix(".log"))
-        commands = [(out, cmd)]
-    else:
-        commands = train_commands(name, recipe, args.threads, args.precision)
-        if not args.skip_train:
-            for out, cmd in commands:
-                run(cmd, out.with_suffix(".log"))
     stages = [json.loads((out / "metrics.json").read_text()) for out, _ in commands]
     out = commands[-1][0]
     summary = stages[-1]
@@ -242,9 +215,9 @@ def one_task(name: str, recipe: dict, args: argparse.Namespace) -> dict:
         "compact_cost": full_metrics.get(metric, 0.0) - compact_metrics.get(metric, 0.0),
         "compact_bytes": report["bytes"],
         "compact_report": report,
-        "train_wall_time_s": earlier["train_wall_time_s"] + sum(stage["wall_time_s"] for stage in stages),
-        "train_steps": earlier["train_steps"] + sum(stage["steps"] for stage in stages),
-        "train_commands": [*earlier["train_commands"], *(stage["command"] for stage in stages)],
+        "train_wall_time_s": sum(stage["wall_time_s"] for stage in stages),
+        "train_steps": sum(stage["steps"] for stage in stages),
+        "train_commands": [stage["command"] for stage in stages],
         "best_step": summary.get("best", {}).get("step"),
     }
 
@@ -286,8 +259,7 @@ def write_results(results: dict, path: Path) -> None:
 
 
 def live_results(path: Path) -> dict:
-    """The per-task entries of a results file (the live-service scores of
-    `benchmarks/live_quality.py`, or this script's own), where measured."""
+    """The live-service scores of `benchmarks/live_quality.py`, where measured."""
     return json.loads(path.read_text())["tasks"] if path.exists() else {}
 
 
@@ -300,11 +272,6 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=128, help="SVD rank of the stored encoder deltas")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-train", action="store_true", help="reuse runs/<task> from an earlier run")
-    parser.add_argument(
-        "--continue-default",
-        action="store_true",
-        help="train the recipe's 'continue' step from the stored default (rebuilt) instead of from MiniLM",
-    )
     parser.add_argument(
         "--precision",
         choices=["auto", "bf16", "fp32"],

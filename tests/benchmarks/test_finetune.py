@@ -71,15 +71,3 @@ def test_results_list_every_stage_command(tmp_path):
     table = path.with_suffix(".md").read_text()
     assert "- sst2: `train sst2`" in table
     assert "- squad: `train race`, then `train squad`" in table
-
-
-def test_a_continuation_trains_the_stored_default_on_the_task_data(tmp_path):
-    from benchmarks.finetune import continuation_command, recipes
-
-    recipe = recipes(tmp_path)["squad"]
-    base, out, cmd = continuation_command("squad", recipe, threads=2, precision="fp32")
-    assert option(cmd, "--base") == str(base) and base.name == "squad-default"
-    assert option(cmd, "--out") == str(out) and out != base
-    assert option(cmd, "--train").endswith("squad-v1.1-dev-part-b.json"), "the task's own data"
-    assert option(cmd, "--validation-fraction") == "0.15", "validated on the same held-out articles"
-    assert option(cmd, "--epochs") == recipe["continue"][recipe["continue"].index("--epochs") + 1]

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from export.int8_precision import exact_int8
+
 log = logging.getLogger("app.runtime")
 
 CUDA_EP = "CUDAExecutionProvider"
@@ -277,6 +279,7 @@ def session_options(threads: int, tuning: SessionTuning = SessionTuning()) -> An
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.enable_mem_pattern = tuning.mem_pattern
     options.enable_cpu_mem_arena = tuning.cpu_arena
+    exact_int8(options)  # INT8 answers alike on every CPU (export/int8_precision.py)
     if not tuning.spinning:
         # Several sessions share the cores: idle threads spinning would steal them from each other.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -44,6 +44,7 @@ import numpy as np
 from benchmarks import bench_common as common
 from benchmarks import scaling
 from benchmarks.cpu_candidates import Candidate, bert_base, candidates, openvino, probe
+from export.int8_precision import exact_int8
 from export.invariance import batch_invariance
 from export.verify import run_session
 
@@ -173,6 +174,7 @@ def profile(c: Candidate, batch: int, seq: int, runs: int, vocab: int = 30522) -
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.enable_profiling = True
+    exact_int8(options)  # the kernels the service runs
     options.log_severity_level = 3
     extra = {"disabled_optimizers": c.disabled} if c.disabled else {}
     session = ort.InferenceSession(str(c.path), options, providers=["CPUExecutionProvider"], **extra)

@@ -19,28 +19,19 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from benchmarks import bench_common as common
+from export.int8_precision import INT8_DOT_FLAGS, cpu_flags
 
 COMMAND = "python -m benchmarks.int8_exactness"
 ZERO_POINT = 128
 
 
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def matmul_session(weights: np.ndarray, weight_zero_point: np.ndarray | None):
+def matmul_model(weights: np.ndarray, weight_zero_point: np.ndarray | None) -> bytes:
     """One MatMulIntegerToFloat node: uint8 codes (zero point 128) . weights, all scales 1."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     k, n = weights.shape
@@ -65,9 +56,19 @@ def matmul_session(weights: np.ndarray, weight_zero_point: np.ndarray | None):
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     )
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return model.SerializeToString()
+
+
+def matmul_session(weights: np.ndarray, weight_zero_point: np.ndarray | None, options: Any = None):
+    """A session on `matmul_model`: onnxruntime's default options (no exact_int8: the kernels as
+    onnxruntime picks them) unless `options` is given."""
+    import onnxruntime as ort
+
+    if options is None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+    model = matmul_model(weights, weight_zero_point)
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def measure(k: int, n: int, rows: int, repeats: int) -> dict:
@@ -140,7 +141,7 @@ def main() -> None:
     result = {
         "command": f"{COMMAND} --k {args.k} --n {args.n} --rows {args.rows} --repeats {args.repeats}",
         "machine": common.machine_info(1),
-        "int8_dot_flags": sorted(f for f in flags if "vnni" in f or f.startswith("amx_int8")),
+        "int8_dot_flags": sorted(INT8_DOT_FLAGS & flags),
         "k": args.k,
         "n": args.n,
         "rows": args.rows,

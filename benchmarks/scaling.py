@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import bench_common as common
+from export.int8_precision import exact_int8
 
 SEQ_LENS = (16, 32, 64, 128, 256, 384, 512)
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -105,6 +106,7 @@ def _matmul_session(m: int, k: int, n: int, threads: int, int8: bool):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
+    exact_int8(options)  # the int8 kernel the service runs on this CPU
     onnx.checker.check_model(model)
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     x = (

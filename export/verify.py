@@ -19,6 +19,7 @@ import numpy as np
 from processing.tasks import TASKS
 
 from .bundle import INPUT_NAMES
+from .int8_precision import exact_int8
 
 FP32_TOLERANCE = 1e-4
 
@@ -126,6 +127,7 @@ def make_session(model: Path | bytes, threads: int = 0, disabled_optimizers: Seq
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
+    exact_int8(options)  # as the service opens it: exact INT8 on every CPU
     extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
     source = model if isinstance(model, bytes) else str(model)
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"], **extra)

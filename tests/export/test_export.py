@@ -13,12 +13,12 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 
 from export.bundle import load_bundle_manifest
 from export.onnx_export import TRACE_BATCH, TRACE_CHOICES, TRACE_SEQ
+from export.verify import make_session
 from model.bert import TASK_HEADS
 
 from .conftest import MAX_SEQ_LEN, TASKS
@@ -52,7 +52,8 @@ def torch_outputs(checkpoint, task: str, feeds: dict[str, np.ndarray]) -> dict[s
 def ort_outputs(bundle, variant: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     manifest = load_bundle_manifest(bundle)
     path = manifest.variant_path(bundle, variant)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    # As the service opens it: the variant's disabled optimizers, exact INT8 on every CPU.
+    session = make_session(path, disabled_optimizers=manifest.variants[variant].disabled_optimizers)
     return dict(zip(manifest.output_names, session.run(manifest.output_names, feeds), strict=True))
 
 

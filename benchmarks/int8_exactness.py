@@ -7,8 +7,9 @@ int8 weights. With AVX512-VNNI, AVX-VNNI or AMX the kernel multiplies and adds i
 exact. Without them (AVX2 alone) it multiplies pairs with vpmaddubsw, whose int16 sum saturates
 when an activation code is large: a pair can reach 255 x 127 x 2 = 64,770 > 32,767. The same
 matmul with the weights stored as uint8 (zero point 128) goes through a widening kernel that
-does not saturate. This script runs both encodings of the same integer matmul on random codes
-and on rows of the extreme code 255, against numpy's exact int64 product, and times both.
+does not saturate. This script runs both encodings of the same integer matmul on random codes,
+on rows of the extreme code 255 and on codes near the zero point, against numpy's exact int64
+product, and times both.
 Results: benchmarks/results/int8_exactness.{json,md}.
 """
 

@@ -35,17 +35,13 @@ from typing import Any
 
 from app.settings import available_cores
 from benchmarks import bench_common as common
-from benchmarks import loadgen
+from benchmarks import loadgen, service_report
 from benchmarks.loadgen_payloads import make_payload
 
 ENDPOINTS = ("classify", "qa")
 # ours-no-solo: our server without its solo session (SOLO_SESSION=false), the ablation of a lone
 # request on every core against one core.
 SERVERS = ("ours", "ours-no-solo", "ort", "pipeline")
-# Against the plain ORT server on the same file (the issue's targets, /classify).
-TARGET_VS_ORT = {1: 1.0, 32: 2.0}
-TARGET_C32_FRACTION = 0.9
-OVERHEAD_FIXED_MS, OVERHEAD_RELATIVE = 1.0, 0.10
 
 
 def our_server(bundle: Path, port: int, args: argparse.Namespace, models_dir: Path) -> tuple[list[str], dict]:
@@ -185,6 +181,7 @@ def model_only(
     best = max(batched, key=lambda name: batched[name]["best_requests_per_s"])
     return {
         "variant": args.cpu_variant,
+        "cores": cores,  # the batched references use them all: the ceilings' CPU budget
         "threads": served["threads"],
         "instances": served["instances"],
         "single_request": single_request_reference(single, payloads, args.model_seconds),
@@ -198,146 +195,6 @@ def served_layout(info: dict[str, Any]) -> dict[str, int]:
     """Sessions and threads per session of the one model our server runs (from GET /models)."""
     (model,) = [m for m in info["models"] if m["status"] == "ready"]
     return {"instances": model.get("instances") or 1, "threads": model["intra_op_threads"]}
-
-
-def targets(entry: dict[str, Any]) -> dict[str, Any]:
-    """The two service targets, computed from our server's rows and the model-only references."""
-    ours = {r["concurrency"]: r for r in entry["servers"]["ours"]["levels"]}
-    ref, out = entry["model_only"], {}
-    best = ref["batched"]["best_requests_per_s"]
-    if 32 in ours and best:
-        fraction = ours[32]["throughput_rps"] / best
-        out["c32_throughput_vs_model_batched"] = {
-            "service_rps": ours[32]["throughput_rps"],
-            "model_batched_rps": best,
-            "model_layout": ref["batched_layout"],
-            "model_batch_size": ref["batched"]["best_batch_size"],
-            "fraction": round(fraction, 3),
-            "target": TARGET_C32_FRACTION,
-            "passed": fraction >= TARGET_C32_FRACTION,
-        }
-    if 1 in ours and ours[1]["latency_ms"]["p50"] is not None:
-        single = ref["single_request"]
-        for stat, service in (("p50", ours[1]["latency_ms"]["p50"]), ("mean", ours[1]["latency_ms"]["mean"])):
-            model_ms = single[f"{stat}_ms"]
-            allowed = OVERHEAD_FIXED_MS + (1 + OVERHEAD_RELATIVE) * model_ms
-            out[f"c1_overhead_{stat}"] = {
-                "service_ms": service,
-                "model_only_ms": model_ms,
-                "overhead_ms": round(service - model_ms, 3),
-                "allowed_ms": round(allowed, 3),
-                "passed": service <= allowed,
-            }
-    peer = {r["concurrency"]: r for r in entry["servers"].get("ort", {}).get("levels", [])}
-    for level, wanted in TARGET_VS_ORT.items():
-        if level in ours and level in peer and peer[level]["throughput_rps"]:
-            ratio = ours[level]["throughput_rps"] / peer[level]["throughput_rps"]
-            out[f"c{level}_throughput_vs_plain_ort"] = {
-                "ours_rps": ours[level]["throughput_rps"],
-                "plain_ort_rps": peer[level]["throughput_rps"],
-                "ratio": round(ratio, 2),
-                "target": wanted,
-                "passed": ratio >= wanted,
-            }
-    return out
-
-
-def markdown(report: dict[str, Any]) -> str:
-    s = report["settings"]
-    lines = [
-        "# Service vs a plain ONNX Runtime server and a transformers-pipeline server",
-        "",
-        f"Generated {report['created_at']} by `{s['command']}`.",
-        "",
-        f"- Machine: {common.machine_line(report['machine'])}",
-        f"- Closed loop (benchmarks/loadgen.py), {s['duration_s']} s per level after "
-        f"{s['warmup_s']} s warm-up, seed {s['seed']}; our server: CPU_VARIANT={s['cpu_variant']}, "
-        f"INTRA_OP_THREADS={s['threads']} MODEL_INSTANCES={s.get('instances', 0)} "
-        f"{' '.join(f'{k}={v}' for k, v in s['server_env'].items())}; "
-        "load generator in the same machine.",
-        "",
-    ]
-    for name, entry in report["endpoints"].items():
-        lines += [
-            f"## /{name}",
-            "",
-            f"Bundle `{entry['bundle']}` (ours and `ort` serve the same file); `pipeline` baseline "
-            f"checkpoint `{entry['checkpoint']}` ({entry['checkpoint_source']}).",
-            "",
-            "| server | concurrency | req/s | p50 ms | p99 ms | errors | CPU-s / 1k req "
-            "| CPU ms/req: main thread / other threads / load generator |",
-            "|---|---:|---:|---:|---:|---:|---:|---|",
-        ]
-        for server_name, result in entry["servers"].items():
-            for r in result["levels"]:
-                lat = r["latency_ms"]
-                lines.append(
-                    f"| {server_name} | {r['concurrency']} | {r['throughput_rps']:.1f} | {lat['p50']} | "
-                    f"{lat['p99']} | {r['errors']} | {r['cpu_seconds_per_1000_requests']} | "
-                    + " / ".join(str(v) for v in r.get("cpu_ms_per_request", {}).values())
-                    + " |"
-                )
-        ref = entry["model_only"]
-        lines += [
-            "",
-            f"Model-only ORT ({ref['variant']}); one request alone on the server's session "
-            f"({ref['threads']} threads): p50 {ref['single_request']['p50_ms']} ms, "
-            f"mean {ref['single_request']['mean_ms']} ms. Length-sorted full batches "
-            f"({ref['batched']['sequences_per_request']} sequences per request), by layout "
-            "(sessions x threads each):",
-            "",
-        ]
-        for layout, batched in ref["batched_by_layout"].items():
-            lines.append(
-                f"- {layout}: "
-                + ", ".join(
-                    f"batch {size}: {r['requests_per_s']} req/s"
-                    for size, r in batched["by_batch_size"].items()
-                )
-            )
-        lines.append("")
-        for key, t in entry["targets"].items():
-            lines.append(f"- {key}: " + ", ".join(f"{k} {v}" for k, v in t.items()))
-        lines.append("")
-    return "\n".join(lines)
-
-
-def plot(report: dict[str, Any], path: Path) -> None:
-    plt = common.pyplot()
-    names = list(report["endpoints"])
-    fig, axes = plt.subplots(len(names), 2, figsize=(12, 4.2 * len(names)), squeeze=False)
-    for row, name in zip(axes, names, strict=True):
-        entry = report["endpoints"][name]
-        for i, (server_name, result) in enumerate(entry["servers"].items()):
-            levels, color = result["levels"], f"C{i}"  # one colour per server in both panels
-            c = [r["concurrency"] for r in levels]
-            row[0].plot(c, [r["throughput_rps"] for r in levels], "o-", color=color, label=server_name)
-            for stat, style in (("p50", "o-"), ("p99", "x--")):
-                values = [r["latency_ms"][stat] or float("nan") for r in levels]
-                row[1].plot(c, values, style, color=color, label=f"{server_name} {stat}")
-        row[0].axhline(
-            entry["model_only"]["batched"]["requests_per_s"],
-            color="grey",
-            ls=":",
-            label=f"model-only ORT, batches of {entry['model_only']['batched']['reference_batch_size']}",
-        )
-        row[1].axhline(
-            entry["model_only"]["single_request"]["p50_ms"],
-            color="grey",
-            ls=":",
-            label="model-only single request (p50)",
-        )
-        for ax, ylabel in zip(row, ("requests/s", "latency, ms (log)"), strict=True):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("concurrency (closed loop)")
-            ax.set_ylabel(ylabel)
-            ax.set_title(f"/{name}")
-            ax.legend(fontsize=8)
-        row[1].set_yscale("log")
-    fig.suptitle(f"Service vs plain ORT and transformers servers: {report['machine']['cpu']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def run_endpoint(endpoint: str, bundle: Path, checkpoint: Path, how: str, args) -> dict[str, Any]:
@@ -381,7 +238,7 @@ def run_endpoint(endpoint: str, bundle: Path, checkpoint: Path, how: str, args) 
     entry["model_only"] = model_only(
         bundle, endpoint, args, served or {"instances": 1, "threads": available_cores()}
     )
-    entry["targets"] = targets(entry) if "ours" in entry["servers"] else {}
+    entry["targets"] = service_report.targets(entry) if "ours" in entry["servers"] else {}
     return entry
 
 
@@ -429,6 +286,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--work-dir", type=Path, default=common.WORK)
     p.add_argument("--out", type=Path, default=common.RESULTS)
+    p.add_argument(
+        "--name", help="results file stem (default service, or service_quick), e.g. to keep another CPU's run"
+    )
     args = p.parse_args(argv)
     args.endpoints = [e for e in args.endpoints.split(",") if e]
     args.servers = [s for s in args.servers.split(",") if s]
@@ -481,10 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "servers": args.servers,
             "dev_models": args.dev_models,
-            "targets": {
-                "c32_fraction_of_model_batched": TARGET_C32_FRACTION,
-                "c1_overhead": f"<= {OVERHEAD_FIXED_MS} ms + {OVERHEAD_RELATIVE:.0%} of model-only",
-            },
+            "targets": service_report.TARGETS,
         },
         "endpoints": {},
     }
@@ -493,8 +350,14 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint, how = common.resolve_checkpoint(bundle, models[endpoint][1], endpoint, args.work_dir)
         print(f"/{endpoint}: bundle {bundle}, baseline checkpoint {checkpoint} ({how})", flush=True)
         report["endpoints"][endpoint] = run_endpoint(endpoint, bundle, checkpoint, how, args)
-    stem = "service_quick" if args.quick else "service"
-    common.write_results(args.out, stem, report, markdown(report), lambda path: plot(report, path))
+    stem = args.name or ("service_quick" if args.quick else "service")
+    common.write_results(
+        args.out,
+        stem,
+        report,
+        service_report.markdown(report),
+        lambda path: service_report.plot(report, path),
+    )
     return 0
 
 

@@ -12,13 +12,18 @@ import psutil
 import pytest
 
 from app.settings import available_cores
-from benchmarks import bench_common, service_bench
+from benchmarks import bench_common, service_bench, service_report
 from benchmarks.loadgen_payloads import make_payload
 from benchmarks.model_only import BundleModel, batched_reference, pack, single_request_reference
 
 
-def level(concurrency: int, rps: float, p50: float, mean: float) -> dict:
-    return {"concurrency": concurrency, "throughput_rps": rps, "latency_ms": {"p50": p50, "mean": mean}}
+def level(concurrency: int, rps: float, p50: float, mean: float, main_ms: float = 1.0) -> dict:
+    return {
+        "concurrency": concurrency,
+        "throughput_rps": rps,
+        "latency_ms": {"p50": p50, "mean": mean},
+        "cpu_ms_per_request": {"main_thread": main_ms, "other_threads": 3.0, "load_generator": 0.2},
+    }
 
 
 def test_targets_from_hand_numbers():
@@ -30,7 +35,7 @@ def test_targets_from_hand_numbers():
             "batched_layout": "2x1",
         },
     }
-    t = service_bench.targets(entry)
+    t = service_report.targets(entry)
     c32 = t["c32_throughput_vs_model_batched"]
     # Judged against the model's best batch size and layout, not the batch-32 figure.
     assert c32["fraction"] == round(180 / 195, 3) and c32["passed"]  # 0.923 >= 0.9
@@ -38,14 +43,42 @@ def test_targets_from_hand_numbers():
     assert t["c1_overhead_p50"]["allowed_ms"] == 12.0 and t["c1_overhead_p50"]["passed"]  # 1 + 1.1 * 10
     assert t["c1_overhead_mean"]["allowed_ms"] == 13.1 and not t["c1_overhead_mean"]["passed"]  # 14 > 13.1
     entry["servers"]["ours"]["levels"][1]["throughput_rps"] = 150.0
-    assert not service_bench.targets(entry)["c32_throughput_vs_model_batched"]["passed"]  # 0.79
+    assert not service_report.targets(entry)["c32_throughput_vs_model_batched"]["passed"]  # 0.79
     # Against the plain ORT server: at least equal at c=1, twice its throughput at c=32.
     entry["servers"]["ort"] = {"levels": [level(1, 50.0, 12.0, 14.0), level(32, 80.0, 300.0, 320.0)]}
-    t = service_bench.targets(entry)
+    t = service_report.targets(entry)
     assert t["c1_throughput_vs_plain_ort"]["ratio"] == 1.0 and t["c1_throughput_vs_plain_ort"]["passed"]
     assert (
         t["c32_throughput_vs_plain_ort"]["ratio"] == 1.88 and not t["c32_throughput_vs_plain_ort"]["passed"]
     )
+    # Without the core count (results from before it was recorded) no ceiling is claimed.
+    assert "c32_ceiling_vs_plain_ort" not in t
+
+
+def test_c32_ceiling_against_the_plain_server_from_cpu_per_request():
+    # Two cores; the bare model serves 500 req/s batched: 4 CPU-ms a request.
+    ours, peer = level(32, 300.0, 90.0, 95.0, main_ms=1.8), level(32, 200.0, 150.0, 160.0, main_ms=0.8)
+    c = service_report.c32_ceiling(ours, peer, model_rps=500.0, cores=2)
+    assert c["model_ms"] == 4.0 and c["model_alone"] == 2.5 and c["reachable_by_any_server"]
+    assert c["with_peer_event_loop"] == round(2000 / (4.0 + 0.8 + 0.2) / 200, 2) == 2.0  # exactly the target
+    assert c["reachable_with_a_fastapi_event_loop"]
+    assert c["with_our_event_loop"] == round(2000 / (4.0 + 1.8 + 0.2) / 200, 2) == 1.67
+    # Twice the peer is 400 req/s: 5 CPU-ms a request, of which the model takes 4, the client 0.2.
+    assert c["event_loop_budget_ms"] == 0.8
+    # A model that alone serves less than twice the peer: no server can reach the target.
+    slow = service_report.c32_ceiling(ours, peer, model_rps=350.0, cores=2)
+    assert slow["model_alone"] == 1.75 and not slow["reachable_by_any_server"]
+    assert not slow["reachable_with_a_fastapi_event_loop"] and slow["event_loop_budget_ms"] < 0
+    entry = {
+        "servers": {"ours": {"levels": [ours]}, "ort": {"levels": [peer]}},
+        "model_only": {
+            "cores": 2,
+            "single_request": {"p50_ms": 1.0, "mean_ms": 1.0},
+            "batched": {"requests_per_s": 500.0, "best_batch_size": 8, "best_requests_per_s": 500.0},
+            "batched_layout": "2x1",
+        },
+    }
+    assert service_report.targets(entry)["c32_ceiling_vs_plain_ort"] == c
 
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(60)"

@@ -1,0 +1,199 @@
+"""What benchmarks/service_bench.py reports: its targets, the ceilings that bound them, the
+Markdown table and the plot. Pure functions of the run's report (no servers, no timing), so an
+old results JSON can be re-rendered and the arithmetic is tested on hand-made numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks import bench_common as common
+
+# Against the plain ORT server on the same file (the issue's targets, /classify).
+TARGET_VS_ORT = {1: 1.0, 32: 2.0}
+TARGET_C32_FRACTION = 0.9
+OVERHEAD_FIXED_MS, OVERHEAD_RELATIVE = 1.0, 0.10
+TARGETS = {
+    "c32_fraction_of_model_batched": TARGET_C32_FRACTION,
+    "c1_overhead": f"<= {OVERHEAD_FIXED_MS} ms + {OVERHEAD_RELATIVE:.0%} of model-only",
+    "throughput_vs_plain_ort": {f"c{level}": ratio for level, ratio in TARGET_VS_ORT.items()},
+}
+
+
+def targets(entry: dict[str, Any]) -> dict[str, Any]:
+    """The service targets, computed from our server's rows, the plain ORT server's and the
+    model-only references, and the ceiling that bounds the c=32 target against the plain server."""
+    ours = {r["concurrency"]: r for r in entry["servers"]["ours"]["levels"]}
+    ref, out = entry["model_only"], {}
+    best = ref["batched"]["best_requests_per_s"]
+    if 32 in ours and best:
+        fraction = ours[32]["throughput_rps"] / best
+        out["c32_throughput_vs_model_batched"] = {
+            "service_rps": ours[32]["throughput_rps"],
+            "model_batched_rps": best,
+            "model_layout": ref["batched_layout"],
+            "model_batch_size": ref["batched"]["best_batch_size"],
+            "fraction": round(fraction, 3),
+            "target": TARGET_C32_FRACTION,
+            "passed": fraction >= TARGET_C32_FRACTION,
+        }
+    if 1 in ours and ours[1]["latency_ms"]["p50"] is not None:
+        single = ref["single_request"]
+        for stat, service in (("p50", ours[1]["latency_ms"]["p50"]), ("mean", ours[1]["latency_ms"]["mean"])):
+            model_ms = single[f"{stat}_ms"]
+            allowed = OVERHEAD_FIXED_MS + (1 + OVERHEAD_RELATIVE) * model_ms
+            out[f"c1_overhead_{stat}"] = {
+                "service_ms": service,
+                "model_only_ms": model_ms,
+                "overhead_ms": round(service - model_ms, 3),
+                "allowed_ms": round(allowed, 3),
+                "passed": service <= allowed,
+            }
+    peer = {r["concurrency"]: r for r in entry["servers"].get("ort", {}).get("levels", [])}
+    for level, wanted in TARGET_VS_ORT.items():
+        if level in ours and level in peer and peer[level]["throughput_rps"]:
+            ratio = ours[level]["throughput_rps"] / peer[level]["throughput_rps"]
+            out[f"c{level}_throughput_vs_plain_ort"] = {
+                "ours_rps": ours[level]["throughput_rps"],
+                "plain_ort_rps": peer[level]["throughput_rps"],
+                "ratio": round(ratio, 2),
+                "target": wanted,
+                "passed": ratio >= wanted,
+            }
+    if 32 in ours and 32 in peer and best and ref.get("cores"):
+        out["c32_ceiling_vs_plain_ort"] = c32_ceiling(ours[32], peer[32], best, ref["cores"])
+    return out
+
+
+def c32_ceiling(ours: dict[str, Any], peer: dict[str, Any], model_rps: float, cores: int) -> dict[str, Any]:
+    """The most any server could serve against the plain ORT server at c=32, from CPU per request
+    measured in the same run: the cores' CPU-ms per second over the bare model's cost (its best
+    batched throughput spread over every core) plus an event loop's and the load generator's.
+
+    `model_alone` has no server at all; `with_peer_event_loop` adds what the plain server's main
+    thread (FastAPI and uvicorn with nothing of ours: no tokenizing, batching or logging) spends
+    per request; `with_our_event_loop` adds ours. `event_loop_budget_ms` is what the target leaves
+    an event loop with inference at the bare model's cost."""
+    wanted, budget = TARGET_VS_ORT[32], 1000.0 * cores
+    peer_rps = peer["throughput_rps"]
+    model_ms = budget / model_rps
+    load_ms = ours["cpu_ms_per_request"]["load_generator"]
+    our_loop_ms = ours["cpu_ms_per_request"]["main_thread"]
+    peer_loop_ms = peer["cpu_ms_per_request"]["main_thread"]
+
+    def ratio(other_ms: float) -> float:
+        return round(budget / (model_ms + other_ms) / peer_rps, 2)
+
+    model_alone = round(model_rps / peer_rps, 2)
+    with_peer_loop = ratio(peer_loop_ms + load_ms)
+    return {
+        "target": wanted,
+        "model_alone": model_alone,
+        "with_peer_event_loop": with_peer_loop,
+        "with_our_event_loop": ratio(our_loop_ms + load_ms),
+        "model_ms": round(model_ms, 3),
+        "load_generator_ms": load_ms,
+        "peer_event_loop_ms": peer_loop_ms,
+        "our_event_loop_ms": our_loop_ms,
+        "event_loop_budget_ms": round(budget / (wanted * peer_rps) - model_ms - load_ms, 3),
+        "reachable_by_any_server": model_alone >= wanted,
+        "reachable_with_a_fastapi_event_loop": with_peer_loop >= wanted,
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    lines = [
+        "# Service vs a plain ONNX Runtime server and a transformers-pipeline server",
+        "",
+        f"Generated {report['created_at']} by `{s['command']}`.",
+        "",
+        f"- Machine: {common.machine_line(report['machine'])}",
+        f"- Closed loop (benchmarks/loadgen.py), {s['duration_s']} s per level after "
+        f"{s['warmup_s']} s warm-up, seed {s['seed']}; our server: CPU_VARIANT={s['cpu_variant']}, "
+        f"INTRA_OP_THREADS={s['threads']} MODEL_INSTANCES={s.get('instances', 0)} "
+        f"{' '.join(f'{k}={v}' for k, v in s['server_env'].items())}; "
+        "load generator in the same machine.",
+        "",
+    ]
+    for name, entry in report["endpoints"].items():
+        lines += [
+            f"## /{name}",
+            "",
+            f"Bundle `{entry['bundle']}` (ours and `ort` serve the same file); `pipeline` baseline "
+            f"checkpoint `{entry['checkpoint']}` ({entry['checkpoint_source']}).",
+            "",
+            "| server | concurrency | req/s | p50 ms | p99 ms | errors | CPU-s / 1k req "
+            "| CPU ms/req: main thread / other threads / load generator |",
+            "|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for server_name, result in entry["servers"].items():
+            for r in result["levels"]:
+                lat = r["latency_ms"]
+                lines.append(
+                    f"| {server_name} | {r['concurrency']} | {r['throughput_rps']:.1f} | {lat['p50']} | "
+                    f"{lat['p99']} | {r['errors']} | {r['cpu_seconds_per_1000_requests']} | "
+                    + " / ".join(str(v) for v in r.get("cpu_ms_per_request", {}).values())
+                    + " |"
+                )
+        ref = entry["model_only"]
+        lines += [
+            "",
+            f"Model-only ORT ({ref['variant']}); one request alone on the server's session "
+            f"({ref['threads']} threads): p50 {ref['single_request']['p50_ms']} ms, "
+            f"mean {ref['single_request']['mean_ms']} ms. Length-sorted full batches "
+            f"({ref['batched']['sequences_per_request']} sequences per request), by layout "
+            "(sessions x threads each):",
+            "",
+        ]
+        for layout, batched in ref["batched_by_layout"].items():
+            lines.append(
+                f"- {layout}: "
+                + ", ".join(
+                    f"batch {size}: {r['requests_per_s']} req/s"
+                    for size, r in batched["by_batch_size"].items()
+                )
+            )
+        lines.append("")
+        for key, t in entry["targets"].items():
+            lines.append(f"- {key}: " + ", ".join(f"{k} {v}" for k, v in t.items()))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    plt = common.pyplot()
+    names = list(report["endpoints"])
+    fig, axes = plt.subplots(len(names), 2, figsize=(12, 4.2 * len(names)), squeeze=False)
+    for row, name in zip(axes, names, strict=True):
+        entry = report["endpoints"][name]
+        for i, (server_name, result) in enumerate(entry["servers"].items()):
+            levels, color = result["levels"], f"C{i}"  # one colour per server in both panels
+            c = [r["concurrency"] for r in levels]
+            row[0].plot(c, [r["throughput_rps"] for r in levels], "o-", color=color, label=server_name)
+            for stat, style in (("p50", "o-"), ("p99", "x--")):
+                values = [r["latency_ms"][stat] or float("nan") for r in levels]
+                row[1].plot(c, values, style, color=color, label=f"{server_name} {stat}")
+        row[0].axhline(
+            entry["model_only"]["batched"]["requests_per_s"],
+            color="grey",
+            ls=":",
+            label=f"model-only ORT, batches of {entry['model_only']['batched']['reference_batch_size']}",
+        )
+        row[1].axhline(
+            entry["model_only"]["single_request"]["p50_ms"],
+            color="grey",
+            ls=":",
+            label="model-only single request (p50)",
+        )
+        for ax, ylabel in zip(row, ("requests/s", "latency, ms (log)"), strict=True):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrency (closed loop)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"/{name}")
+            ax.legend(fontsize=8)
+        row[1].set_yscale("log")
+    fig.suptitle(f"Service vs plain ORT and transformers servers: {report['machine']['cpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

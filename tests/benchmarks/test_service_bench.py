@@ -168,3 +168,23 @@ def test_all_three_real_servers_under_load(tiny_checkpoints, tiny_bundles, tmp_p
     assert report["machine"]["versions"]["fastapi"]
     assert (out / "service_quick.png").stat().st_size > 1000
     assert "| pipeline | 2 |" in (out / "service_quick.md").read_text()
+
+
+def test_recompute_adds_the_ceiling_to_an_earlier_run(tmp_path):
+    # The committed run from before the core count was recorded: its own measurements, new arithmetic.
+    path = tmp_path / "service.json"
+    path.write_text((bench_common.RESULTS / "service.json").read_text())
+    before = json.loads(path.read_text())
+    assert "c32_ceiling_vs_plain_ort" not in before["endpoints"]["classify"]["targets"]
+    service_report.main([str(path)])
+    after = json.loads(path.read_text())
+    classify = after["endpoints"]["classify"]
+    ceiling = classify["targets"]["c32_ceiling_vs_plain_ort"]
+    best = classify["model_only"]["batched"]["best_requests_per_s"]
+    peer32 = {r["concurrency"]: r for r in classify["servers"]["ort"]["levels"]}[32]
+    assert ceiling["model_alone"] == round(best / peer32["throughput_rps"], 2)
+    assert ceiling["model_ms"] == round(2000 / best, 3)  # that machine's two cores
+    # Everything measured is kept as it was.
+    assert classify["servers"] == before["endpoints"]["classify"]["servers"]
+    text = (tmp_path / "service.md").read_text()
+    assert "Targets recomputed from the same measurements" in text and "c32_ceiling_vs_plain_ort" in text

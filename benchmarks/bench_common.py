@@ -67,6 +67,9 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "os": platform.platform(),
         "python": platform.python_version(),
+        # The model name does not tell an AVX2-only EPYC from an AVX512-VNNI one; these flags do,
+        # and they decide the INT8 kernels (and the bf16 speed) measured.
+        "isa": isa_flags(),
         "versions": {},
     }
     try:
@@ -93,6 +96,17 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             info["versions"][package] = "not installed"
     return info
+
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def isa_flags() -> list[str]:
+    """Which of the vector extensions that change these benchmarks' kernels the CPU has."""
+    from export.int8_precision import cpu_flags
+
+    flags = cpu_flags()
+    return [flag for flag in ISA_FLAGS if flag in flags]
 
 
 def require_bundle(path: Path, task: str) -> Path:
@@ -248,7 +262,9 @@ def pyplot():
 def machine_line(machine: dict[str, Any]) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in machine.get("versions", {}).items())
     return (
-        f"{machine.get('cpu')}, {machine.get('logical_cores')} logical cores, "
+        f"{machine.get('cpu')}"
+        + (f" ({', '.join(machine['isa']) or 'no AVX2'})" if "isa" in machine else "")
+        + f", {machine.get('logical_cores')} logical cores, "
         f"{machine.get('memory_gib', '?')} GiB RAM, "
         f"load average at start {machine.get('load_average_at_start')}; "
         f"{machine.get('os')}, Python {machine.get('python')}; {versions}"

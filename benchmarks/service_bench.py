@@ -197,6 +197,38 @@ def served_layout(info: dict[str, Any]) -> dict[str, int]:
     return {"instances": model.get("instances") or 1, "threads": model["intra_op_threads"]}
 
 
+def run_server(kind: str, endpoint: str, bundle: Path, checkpoint: Path, args) -> dict[str, Any]:
+    """Start one server, load it at every concurrency level, stop it."""
+    port = common.free_port()
+    url = f"http://127.0.0.1:{port}"
+    if kind in ("ours", "ours-no-solo"):
+        command, env = our_server(bundle, port, args, args.work_dir / "models-dir" / endpoint)
+        if kind == "ours-no-solo":
+            env["SOLO_SESSION"] = "false"
+    elif kind == "ort":
+        command, env = ort_server(endpoint, bundle, port, args)
+    else:
+        command, env = pipeline_server(endpoint, checkpoint, bundle, port, args)
+    print(f"  {kind} server: {' '.join(command)}", flush=True)
+    started = time.perf_counter()
+    log_path = args.work_dir / "logs" / f"{endpoint}-{kind}.log"
+    with common.server(command, env, log_path, url, args.ready_timeout) as pid:
+        ready_s = round(time.perf_counter() - started, 1)
+        import httpx
+
+        info = httpx.get(f"{url}/models", timeout=10).json()
+        levels = load_levels(url, pid, endpoint, args)
+        rss = common.tree_rss_mb(pid)
+    return {
+        "command": command,
+        "env": env,
+        "ready_seconds": ready_s,
+        "models": info,
+        "rss_mb_after_load": rss,
+        "levels": levels,
+    }
+
+
 def run_endpoint(endpoint: str, bundle: Path, checkpoint: Path, how: str, args) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "bundle": str(bundle),
@@ -204,35 +236,14 @@ def run_endpoint(endpoint: str, bundle: Path, checkpoint: Path, how: str, args) 
         "checkpoint_source": how,
         "servers": {},
     }
-    for kind in args.servers:
-        port = common.free_port()
-        url = f"http://127.0.0.1:{port}"
-        if kind in ("ours", "ours-no-solo"):
-            command, env = our_server(bundle, port, args, args.work_dir / "models-dir" / endpoint)
-            if kind == "ours-no-solo":
-                env["SOLO_SESSION"] = "false"
-        elif kind == "ort":
-            command, env = ort_server(endpoint, bundle, port, args)
-        else:
-            command, env = pipeline_server(endpoint, checkpoint, bundle, port, args)
-        print(f"  {kind} server: {' '.join(command)}", flush=True)
-        started = time.perf_counter()
-        log_path = args.work_dir / "logs" / f"{endpoint}-{kind}.log"
-        with common.server(command, env, log_path, url, args.ready_timeout) as pid:
-            ready_s = round(time.perf_counter() - started, 1)
-            import httpx
-
-            info = httpx.get(f"{url}/models", timeout=10).json()
-            levels = load_levels(url, pid, endpoint, args)
-            rss = common.tree_rss_mb(pid)
-        entry["servers"][kind] = {
-            "command": command,
-            "env": env,
-            "ready_seconds": ready_s,
-            "models": info,
-            "rss_mb_after_load": rss,
-            "levels": levels,
-        }
+    # Rounds alternate the servers, so a slow spell of a shared machine falls on all of them.
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in args.servers}
+    for round_index in range(args.rounds):
+        for kind in args.servers:
+            if args.rounds > 1:
+                print(f"  round {round_index + 1}/{args.rounds}", end="", flush=True)
+            runs[kind].append(run_server(kind, endpoint, bundle, checkpoint, args))
+    entry["servers"] = {kind: service_report.median_round(results) for kind, results in runs.items()}
     print("  model-only ORT reference", flush=True)
     served = served_layout(entry["servers"]["ours"]["models"]) if "ours" in entry["servers"] else None
     entry["model_only"] = model_only(
@@ -272,6 +283,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="NAME=VALUE",
         help="extra setting for our server, e.g. MAX_WAIT_MS=0 (repeatable)",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every server this many times, alternating, and report each level's median round",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--classify-bundle", type=Path, default=common.default_bundle("classify"))
     p.add_argument("--qa-bundle", type=Path, default=common.default_bundle("qa"))
@@ -305,6 +322,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.concurrency = [int(c) for c in levels.split(",") if c.strip()]
     except ValueError:
         p.error(f"--concurrency {levels!r} is not a comma list of integers")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     if not args.concurrency or min(args.concurrency) < 1:
         p.error("--concurrency levels must be >= 1")
     args.duration = args.duration or (2.0 if args.quick else 20.0)
@@ -339,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             "instances": args.instances,
             "server_env": args.server_env,
             "seed": args.seed,
+            "rounds": args.rounds,
             "servers": args.servers,
             "dev_models": args.dev_models,
             "targets": service_report.TARGETS,

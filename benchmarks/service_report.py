@@ -23,6 +23,25 @@ TARGETS = {
 }
 
 
+def median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One server's result over rounds: at each concurrency level, the whole row of the round with
+    the median throughput (the lower middle for an even count), so its latencies and CPU split
+    belong to one measurement, with every round's throughput beside it."""
+    merged = {**runs[0], "rounds": len(runs)}
+    if len(runs) == 1:
+        return merged
+    levels = []
+    for rows in zip(*(run["levels"] for run in runs), strict=True):
+        ranked = sorted(rows, key=lambda row: row["throughput_rps"])
+        levels.append(
+            {**ranked[(len(ranked) - 1) // 2], "throughput_rps_by_round": [r["throughput_rps"] for r in rows]}
+        )
+    merged["levels"] = levels
+    merged["ready_seconds_by_round"] = [run["ready_seconds"] for run in runs]
+    merged["rss_mb_after_load"] = max(run["rss_mb_after_load"] for run in runs)
+    return merged
+
+
 def targets(entry: dict[str, Any], cores: int | None = None) -> dict[str, Any]:
     """The service targets, computed from our server's rows, the plain ORT server's and the
     model-only references, and the ceiling that bounds the c=32 target against the plain server
@@ -125,7 +144,13 @@ def markdown(report: dict[str, Any]) -> str:
         f"{s['warmup_s']} s warm-up, seed {s['seed']}; our server: CPU_VARIANT={s['cpu_variant']}, "
         f"INTRA_OP_THREADS={s['threads']} MODEL_INSTANCES={s.get('instances', 0)} "
         f"{' '.join(f'{k}={v}' for k, v in s['server_env'].items())}; "
-        "load generator in the same machine.",
+        "load generator in the same machine."
+        + (
+            f" {s['rounds']} rounds, the servers alternating; each row is the level's median round, "
+            "with the rounds' range of req/s in brackets."
+            if s.get("rounds", 1) > 1
+            else ""
+        ),
         "",
     ]
     for name, entry in report["endpoints"].items():
@@ -142,8 +167,12 @@ def markdown(report: dict[str, Any]) -> str:
         for server_name, result in entry["servers"].items():
             for r in result["levels"]:
                 lat = r["latency_ms"]
+                spread = r.get("throughput_rps_by_round")
+                rps = f"{r['throughput_rps']:.1f}" + (
+                    f" ({min(spread):.1f}–{max(spread):.1f})" if spread else ""
+                )
                 lines.append(
-                    f"| {server_name} | {r['concurrency']} | {r['throughput_rps']:.1f} | {lat['p50']} | "
+                    f"| {server_name} | {r['concurrency']} | {rps} | {lat['p50']} | "
                     f"{lat['p99']} | {r['errors']} | {r['cpu_seconds_per_1000_requests']} | "
                     + " / ".join(str(v) for v in r.get("cpu_ms_per_request", {}).values())
                     + " |"
@@ -186,11 +215,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
             for stat, style in (("p50", "o-"), ("p99", "x--")):
                 values = [r["latency_ms"][stat] or float("nan") for r in levels]
                 row[1].plot(c, values, style, color=color, label=f"{server_name} {stat}")
+        best = entry["model_only"]["batched"]
         row[0].axhline(
-            entry["model_only"]["batched"]["requests_per_s"],
+            best["best_requests_per_s"],
             color="grey",
             ls=":",
-            label=f"model-only ORT, batches of {entry['model_only']['batched']['reference_batch_size']}",
+            label=f"model-only ORT, best: batches of {best['best_batch_size']}, "
+            f"{entry['model_only'].get('batched_layout', '')} sessions x threads",
         )
         row[1].axhline(
             entry["model_only"]["single_request"]["p50_ms"],
@@ -205,7 +236,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
             ax.set_title(f"/{name}")
             ax.legend(fontsize=8)
         row[1].set_yscale("log")
-    fig.suptitle(f"Service vs plain ORT and transformers servers: {report['machine']['cpu']}")
+    isa = report["machine"].get("isa")
+    cpu = report["machine"]["cpu"] + (f" ({', '.join(isa) or 'no AVX2'})" if isa is not None else "")
+    fig.suptitle(f"Service vs plain ORT and transformers servers: {cpu}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

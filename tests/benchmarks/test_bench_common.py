@@ -125,3 +125,16 @@ def test_benchmarks_are_a_package_without_sys_path_edits():
         "from benchmarks.export_latency"
         not in (bench_common.ROOT / "benchmarks" / "bench_common.py").read_text()
     )
+
+
+def test_machine_records_which_vector_extensions_the_cpu_has(monkeypatch):
+    import export.int8_precision as int8_precision
+
+    monkeypatch.setattr(int8_precision, "cpu_flags", lambda: {"fma", "avx2", "avx512f", "avx512_vnni"})
+    info = bench_common.machine_info()
+    assert info["isa"] == ["avx2", "avx512f", "avx512_vnni"]
+    assert "(avx2, avx512f, avx512_vnni)," in bench_common.machine_line(info)
+    monkeypatch.setattr(int8_precision, "cpu_flags", lambda: {"fma", "avx2"})
+    assert "(avx2)," in bench_common.machine_line(bench_common.machine_info())
+    del info["isa"]  # results written before the flags were recorded
+    assert "(" not in bench_common.machine_line(info).split(",")[0]

@@ -191,3 +191,43 @@ def test_recompute_adds_the_ceiling_to_an_earlier_run(tmp_path):
     assert classify["servers"] == before["endpoints"]["classify"]["servers"]
     text = (tmp_path / "service.md").read_text()
     assert "Targets recomputed from the same measurements" in text and "c32_ceiling_vs_plain_ort" in text
+
+
+def test_median_round_keeps_whole_rows_and_every_rounds_throughput():
+    def run(rps1: float, rps32: float, ready: float) -> dict:
+        levels = [level(1, rps1, 1000 / rps1, 1000 / rps1), level(32, rps32, 32000 / rps32, 32000 / rps32)]
+        return {"command": ["x"], "ready_seconds": ready, "rss_mb_after_load": ready * 100, "levels": levels}
+
+    merged = service_report.median_round([run(100, 150, 1.0), run(90, 180, 2.0), run(110, 130, 3.0)])
+    assert merged["rounds"] == 3 and merged["rss_mb_after_load"] == 300
+    c1, c32 = merged["levels"]
+    assert c1["throughput_rps"] == 100 and c1["latency_ms"]["p50"] == 10.0  # the row of the median round
+    assert c1["throughput_rps_by_round"] == [100, 90, 110]
+    assert c32["throughput_rps"] == 150 and c32["throughput_rps_by_round"] == [150, 180, 130]
+    # Even counts take the lower middle; one round is returned as it was.
+    assert (
+        service_report.median_round([run(100, 150, 1), run(90, 180, 2)])["levels"][1]["throughput_rps"] == 150
+    )
+    single = service_report.median_round([run(100, 150, 1.0)])
+    assert single["rounds"] == 1 and "throughput_rps_by_round" not in single["levels"][0]
+
+
+def test_rounds_alternate_real_servers_and_report_the_median(tiny_bundles, tiny_checkpoints, tmp_path):
+    out = tmp_path / "results"
+    code = service_bench.main([
+        "--endpoints", "classify", "--servers", "ours,ort", "--rounds", "2", "--concurrency", "1",
+        "--duration", "0.3", "--warmup", "0.1", "--model-seconds", "0.1", "--threads", "1",
+        "--classify-bundle", str(tiny_bundles["classify"]), "--classify-checkpoint",
+        str(tiny_checkpoints["classify"]), "--work-dir", str(tmp_path / "work"), "--out", str(out),
+        "--name", "rounds", "--ready-timeout", "60",
+    ])  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "rounds.json").read_text())
+    assert report["settings"]["rounds"] == 2
+    for server in report["endpoints"]["classify"]["servers"].values():
+        assert server["rounds"] == 2 and len(server["ready_seconds_by_round"]) == 2
+        (row,) = server["levels"]
+        assert len(row["throughput_rps_by_round"]) == 2 and row["throughput_rps"] == min(
+            row["throughput_rps_by_round"]
+        )
+    assert "2 rounds, the servers alternating" in (out / "rounds.md").read_text()

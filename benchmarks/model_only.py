@@ -153,6 +153,21 @@ def single_request_reference(
     return _summary_ms(times)
 
 
+def tokenize_reference(model: BundleModel, payloads: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """Per request, the service's pre-processing alone: the request body to the sequences the model
+    reads (tokenizing, windows), on this thread. What any server that tokenizes pays on top of
+    the model, wherever it runs it."""
+    model.encodings(payloads[0])  # warm-up
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while not times or time.perf_counter() < deadline:
+        for payload in payloads:
+            started = time.perf_counter()
+            model.encodings(payload)
+            times.append(time.perf_counter() - started)
+    return _summary_ms(times)
+
+
 def batched_reference(
     model: BundleModel, payloads: list[dict[str, Any]], seconds: float, sizes: Sequence[int] = (1, 8, 32)
 ) -> dict[str, Any]:

@@ -167,7 +167,12 @@ def model_only(
     """ORT alone on the same payloads. One request: the server's session (its threads).
     Batched: the best the model does on this machine, over batch sizes and two layouts: one
     session with every core, and one single-threaded session per core side by side."""
-    from benchmarks.model_only import BundleModel, batched_reference, single_request_reference
+    from benchmarks.model_only import (
+        BundleModel,
+        batched_reference,
+        single_request_reference,
+        tokenize_reference,
+    )
 
     rng = random.Random(args.seed)  # the same payload pool the load generator draws from
     payloads = [make_payload(endpoint, rng) for _ in range(loadgen.POOL_SIZE)]
@@ -185,6 +190,7 @@ def model_only(
         "threads": served["threads"],
         "instances": served["instances"],
         "single_request": single_request_reference(single, payloads, args.model_seconds),
+        "tokenize": tokenize_reference(single, payloads, min(args.model_seconds, 2.0)),
         "batched": batched[best],
         "batched_layout": best,
         "batched_by_layout": batched,

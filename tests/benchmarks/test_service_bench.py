@@ -14,7 +14,13 @@ import pytest
 from app.settings import available_cores
 from benchmarks import bench_common, service_bench, service_report
 from benchmarks.loadgen_payloads import make_payload
-from benchmarks.model_only import BundleModel, batched_reference, pack, single_request_reference
+from benchmarks.model_only import (
+    BundleModel,
+    batched_reference,
+    pack,
+    single_request_reference,
+    tokenize_reference,
+)
 
 
 def level(concurrency: int, rps: float, p50: float, mean: float, main_ms: float = 1.0) -> dict:
@@ -65,6 +71,14 @@ def test_c32_ceiling_against_the_plain_server_from_cpu_per_request():
     assert c["with_our_event_loop"] == round(2000 / (4.0 + 1.8 + 0.2) / 200, 2) == 1.67
     # Twice the peer is 400 req/s: 5 CPU-ms a request, of which the model takes 4, the client 0.2.
     assert c["event_loop_budget_ms"] == 0.8
+    # Tokenizing, which the peer does off its event loop, is paid by any server: with it, 1.96x.
+    tok = service_report.c32_ceiling(ours, peer, model_rps=500.0, cores=2, tokenize_ms=0.1)
+    assert (
+        tok["with_peer_event_loop_and_tokenizing"] == round(2000 / (4.0 + 0.8 + 0.1 + 0.2) / 200, 2) == 1.96
+    )
+    assert tok["tokenize_ms"] == 0.1 and tok["with_peer_event_loop"] == 2.0
+    assert not tok["reachable_with_a_fastapi_event_loop"] and tok["reachable_by_any_server"]
+    assert "with_peer_event_loop_and_tokenizing" not in c
     # A model that alone serves less than twice the peer: no server can reach the target.
     slow = service_report.c32_ceiling(ours, peer, model_rps=350.0, cores=2)
     assert slow["model_alone"] == 1.75 and not slow["reachable_by_any_server"]
@@ -118,6 +132,8 @@ def test_model_only_references_on_a_tiny_bundle(tiny_bundles):
         _, windows = model.answer(payload["question"], payload["context"])
         assert len(model.encodings(payload)) == windows >= 1
     single = single_request_reference(model, payloads, seconds=0.05)
+    tokenize = tokenize_reference(model, payloads, seconds=0.05)
+    assert tokenize["runs"] >= 4 and 0 < tokenize["p50_ms"] <= tokenize["p99_ms"]
     assert single["runs"] >= 4 and 0 < single["p50_ms"] <= single["p99_ms"]
     batched = batched_reference(model, payloads, seconds=0.05, sizes=(1, 4))
     assert batched["reference_batch_size"] == 4 and set(batched["by_batch_size"]) == {1, 4}
@@ -163,6 +179,7 @@ def test_all_three_real_servers_under_load(tiny_checkpoints, tiny_bundles, tmp_p
             assert split["main_thread"] > 0 and split["other_threads"] >= 0 and split["load_generator"] > 0
             assert row["latency_ms"]["p50"] <= row["latency_ms"]["p99"]
     assert entry["model_only"]["single_request"]["p50_ms"] > 0
+    assert entry["model_only"]["tokenize"]["mean_ms"] > 0
     # No c=32 level in this run.
     assert set(entry["targets"]) == {"c1_overhead_p50", "c1_overhead_mean", "c1_throughput_vs_plain_ort"}
     assert report["machine"]["versions"]["fastapi"]

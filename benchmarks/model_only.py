@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,35 +137,31 @@ def _summary_ms(times_s: list[float]) -> dict[str, float]:
     }
 
 
+def _time_each(call: Callable[[Any], object], items: list[Any], seconds: float) -> dict[str, float]:
+    """Each item through `call`, timed one at a time, round after round until `seconds` have passed."""
+    call(items[0])  # warm-up
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while not times or time.perf_counter() < deadline:
+        for item in items:
+            started = time.perf_counter()
+            call(item)
+            times.append(time.perf_counter() - started)
+    return _summary_ms(times)
+
+
 def single_request_reference(
     model: BundleModel, payloads: list[dict[str, Any]], seconds: float
 ) -> dict[str, Any]:
     """Per request, its sequences as the service batches them alone (concurrency 1): ORT time only."""
-    prepared = [model.encodings(p) for p in payloads]
-    model.run(prepared[0])  # warm-up
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while not times or time.perf_counter() < deadline:
-        for encodings in prepared:
-            started = time.perf_counter()
-            model.run(encodings)
-            times.append(time.perf_counter() - started)
-    return _summary_ms(times)
+    return _time_each(model.run, [model.encodings(p) for p in payloads], seconds)
 
 
 def tokenize_reference(model: BundleModel, payloads: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     """Per request, the service's pre-processing alone: the request body to the sequences the model
     reads (tokenizing, windows), on this thread. What any server that tokenizes pays on top of
     the model, wherever it runs it."""
-    model.encodings(payloads[0])  # warm-up
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while not times or time.perf_counter() < deadline:
-        for payload in payloads:
-            started = time.perf_counter()
-            model.encodings(payload)
-            times.append(time.perf_counter() - started)
-    return _summary_ms(times)
+    return _time_each(model.encodings, payloads, seconds)
 
 
 def batched_reference(

@@ -259,12 +259,16 @@ def pyplot():
     return plt
 
 
+def cpu_label(machine: dict[str, Any]) -> str:
+    """The CPU's name, with its vector extensions where the results recorded them."""
+    isa = machine.get("isa")
+    return f"{machine.get('cpu')}" + (f" ({', '.join(isa) or 'no AVX2'})" if isa is not None else "")
+
+
 def machine_line(machine: dict[str, Any]) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in machine.get("versions", {}).items())
     return (
-        f"{machine.get('cpu')}"
-        + (f" ({', '.join(machine['isa']) or 'no AVX2'})" if "isa" in machine else "")
-        + f", {machine.get('logical_cores')} logical cores, "
+        f"{cpu_label(machine)}, {machine.get('logical_cores')} logical cores, "
         f"{machine.get('memory_gib', '?')} GiB RAM, "
         f"load average at start {machine.get('load_average_at_start')}; "
         f"{machine.get('os')}, Python {machine.get('python')}; {versions}"

@@ -36,14 +36,14 @@ from app.runtime import choose_variant
 from benchmarks.bench_common import (
     RESULTS,
     WORK,
+    build_tiny_models,
     default_bundle,
-    free_port,
     machine_info,
     machine_line,
     now,
     pyplot,
     require_bundle,
-    server,
+    serve_ours,
     tree_rss_mb,
     write_results,
 )
@@ -343,9 +343,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--name", default=None, help="results file stem (default model_swap[_quick])")
     args = parser.parse_args(argv)
     if args.quick:
-        from benchmarks.soak import build_tiny_models
-
-        args.bundle = args.bundle or build_tiny_models(ROOT / ".cache" / "soak" / "tiny-models") / "classify"
+        args.bundle = args.bundle or build_tiny_models() / "classify"
         args.clients, args.duration = min(args.clients, 8), min(args.duration, 8.0)
     args.bundle = require_bundle(args.bundle or default_bundle("classify"), "classify")
     args.name = args.name or ("model_swap_quick" if args.quick else "model_swap")
@@ -370,15 +368,14 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(models_dir, ignore_errors=True)
     models_dir.mkdir(parents=True)
     write_version(models_dir, args.bundle, 1)
-    port, key = free_port(), secrets.token_hex(16)
-    env = {"MODELS_DIR": str(models_dir), "ADMIN_API_KEY": key, "LOG_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    key = secrets.token_hex(16)
+    url, running = serve_ours(models_dir, args.work / "server.log", 120, ADMIN_API_KEY=key)
     machine = machine_info()
     print(
         f"model_swap: {args.clients} clients for {args.duration:.0f} s on {relative(args.bundle)}", flush=True
     )
-    with server(command, env, args.work / "server.log", f"http://127.0.0.1:{port}", 120) as pid:
-        run = asyncio.run(drive(args, port, key, models_dir, pid))
+    with running as pid:
+        run = asyncio.run(drive(args, int(url.rsplit(":", 1)[1]), key, models_dir, pid))
     verdict = judge(run["samples"], run["served_versions"], run["events"])
     command_line = "python -m benchmarks.model_swap" + " ".join(
         [""] + [a for a in (argv if argv is not None else sys.argv[1:])]

@@ -31,7 +31,7 @@ COMMON = ["--freeze-embeddings", "--no-progress", "--log-every", "50"]
 
 def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """bf16 autocast pays only with native bf16 matmuls (AVX512-BF16 or AMX). On an AVX2-only CPU
-    a MiniLM training step measured 16.5x slower in bf16 than in fp32 (benchmarks/train_precision.py)."""
+    a MiniLM training step measured 16.5x slower in bf16 than in fp32 (docs/decisions.md)."""
     from export.int8_precision import cpu_flags
 
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags(cpuinfo))

@@ -1,7 +1,7 @@
 """Soak test: the real server at half its saturating rate for a long time, watching memory and errors.
 
     .venv/bin/python -m benchmarks.soak --models-dir models                  # 30 minutes
-    .venv/bin/python -m benchmarks.soak --tiny --duration 60 --name soak_smoke  # 1-minute smoke run
+    .venv/bin/python -m benchmarks.soak --tiny --duration 60 --name soak_quick  # 1-minute smoke run
 
 Starts `uvicorn app.main:app` on loopback with MODELS_DIR (other settings from the environment or
 --server-env), finds the saturating rate with a short closed-loop run of benchmarks/loadgen.py's

@@ -166,7 +166,7 @@ async def drive(
             event["memory_mb"] = body["model"]["memory_mb"]
         else:
             event["error"] = body.get("error")
-            event["message"] = without_machine_paths(body.get("message"))
+            event["message"] = body.get("message")  # write_results makes its paths repo-relative
         events.append(event)
         label = f"{version} (corrupted)" if corrupted else str(version)
         print(f"  t={t_offer:5.1f}s version {label}: {status} in {seconds:.2f}s", flush=True)
@@ -350,11 +350,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def without_machine_paths(value: Any) -> Any:
-    """Server answers name files by absolute path; results files name them from the repository."""
-    return json.loads(json.dumps(value).replace(f"{ROOT}/", ""))
-
-
 def relative(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(ROOT))
@@ -390,9 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": args.duration,
         "served_versions": run["served_versions"],
         "events": run["events"],
-        "final_model": without_machine_paths(
-            {k: run["final_model"].get(k) for k in ("version", "status", "memory_mb", "versions")}
-        ),
+        "final_model": {k: run["final_model"].get(k) for k in ("version", "status", "memory_mb", "versions")},
         "latency_ms": latency_summary(run["samples"], [e["offered_at_s"] for e in run["events"]]),
         "verdict": verdict,
         "timeline": timeline(run["samples"], args.duration),

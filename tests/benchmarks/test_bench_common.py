@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 
@@ -135,3 +136,11 @@ def test_machine_records_which_vector_extensions_the_cpu_has(monkeypatch):
     del info["isa"]  # results written before the flags were recorded
     info["cpu"] = "Some CPU"  # a real name may hold brackets: Intel(R) Xeon(R)
     assert bench_common.machine_line(info).split(",")[0] == "Some CPU"
+
+
+def test_timed_stops_at_runs_or_after_the_budget():
+    calls = []
+    result, times = bench_common.timed(lambda: calls.append(1) or len(calls), runs=5)
+    assert result == 5 and len(times) == 5 == len(calls)
+    _, slow = bench_common.timed(lambda: time.sleep(0.02), runs=100, budget_s=0.05, min_runs=2)
+    assert 2 <= len(slow) < 100 and min(slow) >= 0.02

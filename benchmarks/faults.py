@@ -37,6 +37,7 @@ from typing import Any
 
 from benchmarks.bench_common import (
     RESULTS,
+    build_tiny_models,
     free_port,
     machine_info,
     machine_line,
@@ -68,7 +69,6 @@ class Timing:
 # The tiny bundles have 64-token windows, so a long QA context is dozens of queued items: a deep
 # queue keeps shedding (429, not what these runs are about) out of the way, as in test_live_server.
 TINY_ENV = {"MAX_QUEUE": "8192"}
-MAX_PLOTTED = 3_000  # requests per phase kept in the JSON for the plot (evenly spaced)
 QUICK = Timing(steady_requests=300, kill_after_s=1.5, down_for_s=1.5, tail_s=1.5, max_phase_s=60.0)
 
 
@@ -111,20 +111,26 @@ class Phase:
             },
         }
 
-    def timeline(self) -> list[str]:
-        """One "t_s,latency_ms,ok,endpoint" line per request (at most MAX_PLOTTED, evenly spaced), for
-        the plot; text lines keep the JSON short."""
-        step = 1 + len(self.samples) // MAX_PLOTTED
-        return [
-            f"{s.sent_at - self.started:.3f},{s.latency_s * 1000:.2f},"
-            f"{int(s.status.startswith('2') and s.schema_error is None)},{s.endpoint}"
-            for s in self.samples[::step]
-        ]
+    def timeline(self) -> list[dict[str, Any]]:
+        """Per second of the phase (by send time): requests, failures, p50 and p99 ms, for the plot."""
+        return bin_timeline(
+            [(s.sent_at - self.started, s.latency_s, s.status.startswith("2") and s.schema_error is None)
+             for s in self.samples]
+        )  # fmt: skip
 
 
-def parse_timeline(lines: list[str]) -> list[tuple[float, float, bool, str]]:
-    rows = [line.split(",") for line in lines]
-    return [(float(t), float(ms), ok == "1", endpoint) for t, ms, ok, endpoint in rows]
+def bin_timeline(rows: list[tuple[float, float, bool]], width_s: float = 1.0) -> list[dict[str, Any]]:
+    """(seconds since the phase started, latency in seconds, ok) -> one summary per `width_s` bin."""
+    bins: dict[int, list[tuple[float, bool]]] = {}
+    for t, latency, ok in rows:
+        bins.setdefault(int(t // width_s), []).append((latency, ok))
+    out = []
+    for i in sorted(bins):
+        stats = percentiles([latency for latency, _ in bins[i]])
+        failed = sum(not ok for _, ok in bins[i])
+        out.append({"t_s": i * width_s, "requests": len(bins[i]), "failed": failed,
+                    "p50_ms": stats["p50"], "p99_ms": stats["p99"]})  # fmt: skip
+    return out
 
 
 async def under_load(
@@ -385,15 +391,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     timelines = report["results"]["timelines"]
     fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 3.6 * len(timelines)), squeeze=False)
-    for ax, (name, lines) in zip(axes[:, 0], timelines.items(), strict=True):
-        rows = parse_timeline(lines)
-        for endpoint in sorted({row[3] for row in rows}):
-            ok = [(t, ms) for t, ms, good, ep in rows if good and ep == endpoint]
-            if ok:
-                ax.scatter(*zip(*ok, strict=True), s=4, alpha=0.5, label=f"/{endpoint}")
-        bad = [(t, ms) for t, ms, good, _ in rows if not good]
-        if bad:
-            ax.scatter(*zip(*bad, strict=True), s=18, c="red", marker="x", label="failed")
+    for ax, (name, bins) in zip(axes[:, 0], timelines.items(), strict=True):
+        t = [b["t_s"] for b in bins]
+        ax.plot(t, [b["p50_ms"] for b in bins], label="p50 per second")
+        ax.plot(t, [b["p99_ms"] for b in bins], label="p99 per second")
+        failed = [(b["t_s"], b["p99_ms"]) for b in bins if b["failed"]]
+        if failed:
+            ax.scatter(*zip(*failed, strict=True), s=24, c="red", marker="x", label="a second with failures")
         for i, event in enumerate(report["results"][name]["events"]):
             ax.axvline(event["t_s"], color="grey", linestyle="--", linewidth=0.8)
             height = 0.98 if i % 2 == 0 else 0.45  # staggered: events often come in pairs
@@ -434,9 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     models_dir, env = args.models_dir, {}
     if args.tiny:
-        from benchmarks.soak import TINY_MODELS, build_tiny_models
-
-        models_dir = build_tiny_models(TINY_MODELS)
+        models_dir = build_tiny_models()
         env = dict(TINY_ENV)
     env |= dict(item.split("=", 1) for item in args.env)
     if not list(models_dir.glob("*/bundle.json")):

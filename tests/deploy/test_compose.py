@@ -159,7 +159,7 @@ def test_nginx_timeouts_fit_the_service(services, name):
 
 def test_nginx_never_retries_429_and_keeps_a_backup(services):
     """429 counts toward max_fails when retried, and an upstream whose servers are all marked failed
-    answers 502 to everything: benchmarks/results/faults_tiny_*before_fix.md."""
+    answers 502 to everything: docs/decisions.md (faults before the fix)."""
     conf = nginx_conf()
     (retry,) = re.findall(r"proxy_next_upstream\s+([^;]*);", conf)
     assert "http_429" not in retry and "non_idempotent" in retry and "error" in retry

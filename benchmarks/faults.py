@@ -149,7 +149,7 @@ async def under_load(
     return phase
 
 
-def kill9(stack: LocalStack, index: int, timing: Timing) -> Callable[[Phase], Awaitable[None]]:
+def kill9(stack: Any, index: int, timing: Timing) -> Callable[[Phase], Awaitable[None]]:
     async def inject(phase: Phase) -> None:
         await asyncio.sleep(timing.kill_after_s)
         stack.signal_replica(index, signal.SIGKILL)
@@ -164,7 +164,7 @@ def kill9(stack: LocalStack, index: int, timing: Timing) -> Callable[[Phase], Aw
     return inject
 
 
-def rolling_restart(stack: LocalStack, timing: Timing) -> Callable[[Phase], Awaitable[None]]:
+def rolling_restart(stack: Any, timing: Timing) -> Callable[[Phase], Awaitable[None]]:
     async def inject(phase: Phase) -> None:
         await asyncio.sleep(timing.kill_after_s)
         for index in sorted(stack.replicas):
@@ -198,7 +198,7 @@ def prometheus_query(url: str, expr: str) -> list[dict[str, Any]]:
     return body["data"]["result"]
 
 
-def scraped_state(stack: LocalStack) -> dict[str, Any]:
+def scraped_state(stack: Any) -> dict[str, Any]:
     url = stack.prometheus_url
     up = {r["metric"]["instance"]: r["value"][1] == "1" for r in prometheus_query(url, 'up{job="bert-api"}')}
     (total,) = prometheus_query(url, f"sum(bert_requests_total{INFERENCE})") or [{"value": [0, "0"]}]
@@ -209,13 +209,13 @@ def scraped_state(stack: LocalStack) -> dict[str, Any]:
     return {"targets_up": up, "requests_counted": int(float(total["value"][1])), "by_status": by_status}
 
 
-def wait_for_scrape(stack: LocalStack, expected_requests: int, timeout_s: float) -> dict[str, Any]:
+def wait_for_scrape(stack: Any, expected_requests: int, timeout_s: float) -> dict[str, Any]:
     """Poll Prometheus until every replica is up and the counters reach the clients' count (or timeout)."""
-    wanted = {f"127.0.0.1:{port}" for port in stack.config.replica_ports}
     deadline = time.monotonic() + timeout_s
     while True:
         state = scraped_state(stack)
-        done = set(state["targets_up"]) == wanted and all(state["targets_up"].values())
+        up = state["targets_up"]
+        done = len(up) == len(stack.replicas) and all(up.values())
         if (done and state["requests_counted"] >= expected_requests) or time.monotonic() > deadline:
             state["expected_requests"] = expected_requests
             state["all_targets_up"] = done
@@ -238,32 +238,30 @@ def evaluate_dashboard(prometheus_url: str, rate_interval: str = "30s") -> dict[
 class AccessLog:
     """Requests nginx passed to more than one replica (`up=a, b` in the access log) since a mark."""
 
-    def __init__(self, path: Path):
-        self.path, self.offset = path, 0
+    def __init__(self, read: Callable[[], str]):
+        self.read, self.offset = read, 0
 
     def mark(self) -> None:
-        self.offset = self.path.stat().st_size if self.path.exists() else 0
+        self.offset = len(self.read())
 
     def retried(self) -> int:
-        with self.path.open(encoding="utf-8", errors="replace") as log:
-            log.seek(self.offset)
-            return sum(1 for line in log if re.search(r" up=[^ ]+, ", line))
+        return sum(1 for line in self.read()[self.offset :].splitlines() if re.search(r" up=[^ ]+, ", line))
 
 
 # ------------------------------------------------------------------------------------------ the run
-async def run_phases(stack: LocalStack, clients: int, timing: Timing) -> dict[str, Any]:
+async def run_phases(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
     def load(seed: int) -> LoadConfig:
         return LoadConfig(
             url=stack.url, concurrency=clients, duration_s=timing.max_phase_s, timeout_s=60.0, seed=seed
         )
 
-    log = AccessLog(stack.run_dir / "nginx-access.log")
+    log = AccessLog(stack.nginx_log)
     results: dict[str, Any] = {}
     phases: list[Phase] = []
     for seed, (name, faults) in enumerate(
         [
             ("steady", steady(timing.steady_requests)),
-            ("kill9", kill9(stack, 1, timing)),
+            ("kill9", kill9(stack, sorted(stack.replicas)[1], timing)),
             ("rolling_restart", rolling_restart(stack, timing)),
         ]
     ):
@@ -294,14 +292,8 @@ def checks(results: dict[str, Any]) -> dict[str, bool]:
     }
 
 
-def run_stack(
-    models_dir: Path,
-    run_dir: Path,
-    clients: int,
-    timing: Timing,
-    nginx_conf: Path = NGINX_CONF,
-    **env: str,
-) -> dict[str, Any]:
+def local_stack(models_dir: Path, run_dir: Path, nginx_conf: Path = NGINX_CONF, **env: str) -> LocalStack:
+    """The compose topology as host processes (deploy/local/stack.py)."""
     config = StackConfig(
         nginx_conf=nginx_conf,
         models_dir=models_dir,
@@ -311,7 +303,11 @@ def run_stack(
         prometheus_port=free_port(),
         env=env,
     )
-    stack = LocalStack(config)
+    return LocalStack(config)
+
+
+def run_stack(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
+    """Start `stack` (a LocalStack or deploy/podman/stack.py's ComposeStack), fault it under load, stop it."""
     started = time.monotonic()
     stack.start()
     startup_s = time.monotonic() - started
@@ -423,6 +419,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="the test suite's tiny random bundles (plumbing only)")
     p.add_argument("--quick", action="store_true", help="short phases (the test suite's timing)")
     p.add_argument("--clients", type=int, default=32)
+    p.add_argument(
+        "--stack",
+        choices=["local", "compose"],
+        default="local",
+        help="local: host processes (deploy/local/stack.py); compose: deploy/docker-compose.yml as "
+        "containers with podman-compose (deploy/podman/stack.py), on the built image and its own bundles",
+    )
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="a replica setting")
     p.add_argument(
         "--nginx-conf-rev",
@@ -441,25 +444,38 @@ def main(argv: list[str] | None = None) -> int:
         models_dir = build_tiny_models()
         env = dict(TINY_ENV)
     env |= dict(item.split("=", 1) for item in args.env)
-    if not list(models_dir.glob("*/bundle.json")):
+    if args.stack == "local" and not list(models_dir.glob("*/bundle.json")):
         raise SystemExit(f"no bundles in {models_dir}: run `make models` (or pass --tiny)")
     timing = QUICK if args.quick else Timing()
     machine = machine_info()
-    with tempfile.TemporaryDirectory(prefix="faults-") as run_dir:
-        nginx_conf = NGINX_CONF
-        if args.nginx_conf_rev:
-            nginx_conf = Path(run_dir) / "nginx.source.conf"
-            show = ["git", "show", f"{args.nginx_conf_rev}:deploy/nginx/nginx.conf"]
-            nginx_conf.write_text(
-                subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout
-            )
-        results = run_stack(models_dir, Path(run_dir) / "stack", args.clients, timing, nginx_conf, **env)
+    if args.stack == "compose":
+        from deploy.podman.stack import ComposeStack
+
+        results = run_stack(
+            ComposeStack(http_port=free_port(), prometheus_port=free_port()), args.clients, timing
+        )
+    else:
+        with tempfile.TemporaryDirectory(prefix="faults-") as run_dir:
+            nginx_conf = NGINX_CONF
+            if args.nginx_conf_rev:
+                nginx_conf = Path(run_dir) / "nginx.source.conf"
+                show = ["git", "show", f"{args.nginx_conf_rev}:deploy/nginx/nginx.conf"]
+                nginx_conf.write_text(
+                    subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+                )
+            stack = local_stack(models_dir, Path(run_dir) / "stack", nginx_conf, **env)
+            results = run_stack(stack, args.clients, timing)
     command = " ".join(["python -m benchmarks.faults", *(argv if argv is not None else sys.argv[1:])])
     report = {
         "command": command.strip(),
         "date": now(),
+        "stack": "deploy/docker-compose.yml as containers (podman-compose)"
+        if args.stack == "compose"
+        else "host processes (deploy/local/stack.py)",
         "models": "tiny test bundles"
         if args.tiny
+        else "the image's five defaults"
+        if args.stack == "compose"
         else ", ".join(sorted(p.parent.name for p in models_dir.glob("*/bundle.json"))),
         "nginx_conf": f"deploy/nginx/nginx.conf as of {args.nginx_conf_rev or 'this commit'}",
         "replicas": 3,

@@ -4,7 +4,7 @@
 #   deploy/podman/build.sh [IMAGE] [extra podman build args...]     (IMAGE default bert-serving:cpu)
 #
 # Environment (all optional; unset, the build is exactly what `docker build .` gives real users):
-#   PYTHON_IMAGE      base image instead of python:3.11-slim (deploy/podman/standin-base.sh makes one)
+#   PYTHON_IMAGE      base image instead of python:3.11-slim (deploy/podman/standins.sh makes one)
 #   TORCH_WHEELHOUSE  a directory holding the CPU torch wheel, mounted into the build instead of
 #                     PyTorch's CPU index
 #   EXPORT_ARGS       passed to `python -m export.defaults` (e.g. "--only sst2-minilm")

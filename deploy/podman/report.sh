@@ -11,7 +11,7 @@ IMAGE=localhost/bert-serving:cpu
 STANDIN=localhost/python-standin:3.11-slim
 PODMAN=(podman --runtime runc --cgroup-manager cgroupfs)
 LOGS="$(mktemp -d)"
-bash deploy/podman/standin-base.sh "$STANDIN"
+bash deploy/podman/standins.sh python
 wheelhouse="$(pip config get global.find-links 2>/dev/null || true)"
 compgen -G "$wheelhouse/torch-*.whl" > /dev/null || wheelhouse=""
 load_before="$(cut -d' ' -f1 /proc/loadavg)"
@@ -36,7 +36,7 @@ tests = [line.split(" ")[0].split("::")[-1] + " " + line.split(" ")[1]
 result = {
     "command": "bash deploy/podman/report.sh",
     "image": "localhost/bert-serving:cpu (Dockerfile --target cpu, all five defaults)",
-    "base": "localhost/python-standin:3.11-slim (deploy/podman/standin-base.sh: Debian bookworm's python3 3.11)",
+    "base": "localhost/python-standin:3.11-slim (deploy/podman/standins.sh: Debian bookworm's python3 3.11)",
     "build_seconds_no_cache": int(build_s),
     "size_mb": round(int(size) / 1e6),
     "base_size_mb": round(int(base) / 1e6),

@@ -63,7 +63,7 @@ def image() -> str:
         return UNDER_TEST
     if subprocess.run(["which", "mmdebstrap"], capture_output=True).returncode != 0:
         pytest.skip("mmdebstrap not installed (apt-get install mmdebstrap): no base image can be made here")
-    subprocess.run(["bash", str(ROOT / "deploy/podman/standin-base.sh"), STANDIN], check=True, timeout=1200)
+    subprocess.run(["bash", str(ROOT / "deploy/podman/standins.sh"), "python"], check=True, timeout=1200)
     env = {**os.environ, "PYTHON_IMAGE": STANDIN, "EXPORT_ARGS": SLIM_EXPORT}
     if wheelhouse := torch_wheelhouse():
         env["TORCH_WHEELHOUSE"] = wheelhouse

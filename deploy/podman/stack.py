@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -54,6 +55,7 @@ class ComposeStack:
         self.project, self.replica_count = project, replicas
         self.http_port, self.prometheus_port = http_port, prometheus_port
         self.ready_timeout_s = ready_timeout_s
+        self.run_dir = Path(tempfile.mkdtemp(prefix=f"{project}-"))  # every container's log, kept at stop
         self.env = {
             **os.environ,
             "CONTAINERS_CONF": str(CONTAINERS_CONF),
@@ -129,17 +131,39 @@ class ComposeStack:
 
     # ------------------------------------------------------------------ the stack
     def start(self) -> None:
+        self.stop()  # a clean slate: no container, no volume (old Prometheus data) of an earlier run
         self.compose("up", "-d", "--no-build", "--scale", f"api={self.replica_count}")
         for index in self.replicas:
             self.wait_replica_ready(index)
         for url in (f"{self.url}/ready", f"{self.prometheus_url}/-/ready"):
             wait_http(url, self.ready_timeout_s)
 
+    def save_logs(self) -> None:
+        listed = self.podman(
+            "ps",
+            "-a",
+            "--format",
+            "{{.Names}}",
+            "--filter",
+            f"label=io.podman.compose.project={self.project}",
+        )
+        for name in listed.stdout.split():
+            done = self.podman("logs", name, check=False)
+            (self.run_dir / f"{name}.log").write_text(done.stdout + done.stderr)
+        print(f"container logs: {self.run_dir}", file=sys.stderr)
+
     def stop(self) -> None:
+        self.save_logs()
         # podman-compose's `down` forgets replicas made by --scale: those go by the project's label.
-        leftover = self.podman("ps", "-aq", "--filter", f"label=io.podman.compose.project={self.project}")
-        if ids := leftover.stdout.split():
-            self.podman("rm", "-f", "-t", "40", *ids, timeout=120)
+        # A container the restart policy is bringing back can refuse one `rm`: try again.
+        for _ in range(5):
+            leftover = self.podman("ps", "-aq", "--filter", f"label=io.podman.compose.project={self.project}")
+            if not (ids := leftover.stdout.split()):
+                break
+            self.podman("rm", "-f", "-t", "40", *ids, check=False, timeout=120)
+            time.sleep(1)
+        else:
+            print(f"warning: containers of {self.project} left behind: {' '.join(ids)}", file=sys.stderr)
         self.compose("down", "-v", "-t", "40")
 
 

@@ -301,7 +301,7 @@ def targets(report: dict[str, Any], chosen: str, sizes: dict[str, int]) -> list[
 
 def ratio_targets(report: dict[str, Any], chosen: str = "int8-rowwise") -> list[dict[str, Any]]:
     """`chosen` against dynamic INT8 at RATIO_SHAPES for each thread count: wall-clock medians, and
-    at one thread the calling thread's CPU time too."""
+    at one thread the calling thread's CPU time too, which decides `met` there."""
     by = {
         (r["candidate"], r["threads"], r["batch"], r["seq"]): r for r in report["latency"] if "median_ms" in r
     }
@@ -315,7 +315,8 @@ def ratio_targets(report: dict[str, Any], chosen: str = "int8-rowwise") -> list[
             row |= {"chosen_ms": got["median_ms"], "ratio": round(got["median_ms"] / base["median_ms"], 3)}
             if "cpu_median_ms" in got and "cpu_median_ms" in base:
                 row["cpu_ratio"] = round(got["cpu_median_ms"] / base["cpu_median_ms"], 3)
-            row["met"] = row["ratio"] <= TARGET_RATIO
+            # Judged on CPU time where there is one: other processes' time slices are not the kernel's.
+            row["met"] = row.get("cpu_ratio", row["ratio"]) <= TARGET_RATIO
             rows.append(row)
     return rows
 
@@ -380,7 +381,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"## Target: `int8-rowwise` ≤ {TARGET_RATIO}× dynamic INT8",
         "",
-        "| threads | shape | int8 ms | int8-rowwise ms | ratio (wall) | ratio (CPU time) | met (wall) |",
+        "| threads | shape | int8 ms | int8-rowwise ms | ratio (wall) | ratio (CPU time) "
+        "| met (CPU time, else wall) |",
         "|---:|---|---:|---:|---:|---:|---|",
     ]
     for t in report.get("ratio_targets", []):
@@ -559,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows += latency(list(base.values()), shapes[:1], THREADS, args.runs, args.budget_s, base_reference)
     print("invariance and accuracy", flush=True)
-    quality = invariance_and_accuracy(cands, bundle, args.data, args.quick)
+    quality = invariance_and_accuracy(cands + stages, bundle, args.data, args.quick)
     if args.openvino_python:
         print("OpenVINO execution provider (benchmarks/openvino_worker.py)", flush=True)
         qdq = next((c.path for c in cands if c.name == "qdq-static-u8"), None)

@@ -118,6 +118,8 @@ def test_profile_and_report(tiny_bundles, tmp_path):
     report["profiles"] = {"int8 (1,16)": prof, "int8-rowwise (1,16)": prof}
     text = cpu_int8.markdown(report)
     assert "| 1 | (32,128) | 100.00 | 104.00 | 1.040× | 1.03 | yes |" in text
+    report["latency"][3]["median_ms"] = 4.0  # the wall clock says 1.0x, CPU time still 1.1x: not met
+    assert [t["met"] for t in cpu_int8.ratio_targets(report)] == [False, True, False]
     assert "| int8-rowwise | — | 3.85 (1.10×) | 101.97 (1.03×) |" in text  # one thread's CPU time
     assert "| MatMulIntegerToFloat | " in text.split("## Side by side")[1]
     assert "| int8-rowwise | 1 | 2.20 (1.10×) |" in text and "MatMulIntegerToFloat" in text

@@ -5,19 +5,23 @@ batch (padding included), so a request's logits move with whatever shares its ba
 rewrite of the fused fp32 graph quantizes each token row on its own instead, with plain ONNX
 ops, so a row's outputs depend on that row alone:
 
-    scale_r = max|x_r| / 127                       (Abs, ReduceMax over the hidden axis)
-    q_r     = round(x_r / scale_r) + Z             (Div, per-tensor QuantizeLinear: uint8)
-    y_r     = ((q_r - Z) . W_q) * scale_w * scale_r
-              MatMulIntegerToFloat: exact int32 accumulation, per-column weight scales, and its
-              activation scale given per row ([..., 1]), which it applies to its output
+    step_r = max|x_r| / 127                        (Abs, ReduceMax over the hidden axis, Mul, Add)
+    q_r    = round(x_r / step_r) + Z               (one blocked QuantizeLinear, a block per row: uint8)
+    y_r    = ((q_r - Z) . W_q) * scale_w * step_r
+             MatMulIntegerToFloat: exact int32 accumulation, per-column weight scales, and its
+             activation scale given per row ([..., 1]), which it applies to its output
 
 The zero point Z is a constant, because ONNX Runtime's integer matmuls take only one activation
-zero point per tensor; the per-row part lives in the scale, which multiplies the float result.
-Z is 128 (symmetric) except after GELU, whose outputs lie in [-0.17, max]: there Z = 32 and
-scale_r = max(max_r / 223, -min_r / 32), which gives the positive side 1.75x the codes.
+zero point per tensor; the per-row part lives in the step, which multiplies the float result.
+Z is 128 (symmetric) except after GELU, whose outputs lie in [GELU_MIN, max]: there Z = 32 and
+step_r = max(max_r / 223, -GELU_MIN / 32), which gives the positive side 1.75x the codes and
+needs no ReduceMin (nothing clips: GELU is never below GELU_MIN).
 Weights are int8, symmetric, one scale per output column.
-Each attention block's Q, K and V projections become three such matmuls feeding
-MultiHeadAttention (scores, softmax and context stay fp32, as in QAttention). Embeddings,
+The per-row division lives in QuantizeLinear's blocked form (opset 21), so the graph's default
+opset is raised to 21 (`upgrade_opset`). Every op here is one pass over the activation or a
+[..., 1] one: the cost beside dynamic INT8 is benchmarks/cpu_int8.py's `profile`.
+Each attention block's Q, K and V projections become three such matmuls on one quantized input,
+feeding MultiHeadAttention (scores, softmax and context stay fp32, as in QAttention). Embeddings,
 LayerNorm, GELU, the pooler and the classifier stay fp32. Bias adds stay outside the matmul:
 inside it they would be multiplied by the row scale.
 
@@ -43,6 +47,17 @@ QMAX = 127.0
 GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
 # Chosen on the defaults' validation data among 128 (symmetric), 16 and 32: benchmarks/cpu_int8.md.
 GELU_ZERO_POINT = 32
+# GELU's minimum is -0.16997 (erf form; the tanh form's -0.17004): a floor on the negative side.
+GELU_MIN = -0.171
+OPSET = 21  # QuantizeLinear's block_size
+# Ops whose `axes` attribute became an input at opset 18 (ReduceSum's did at 13).
+AXES_TO_INPUT = {
+    f"Reduce{op}" for op in ("Max", "Min", "Mean", "Prod", "L1", "L2", "LogSum", "LogSumExp", "SumSquare")
+}
+# The changes benchmarks/cpu_int8.py times one at a time against the first rewrite, which had none:
+# "blocked": the per-row division inside a blocked QuantizeLinear, not a Div before a per-tensor one;
+# "gelu_floor": GELU_MIN bounds GELU's negative side instead of a ReduceMin.
+STAGES = frozenset({"blocked", "gelu_floor"})
 TINY = 1e-30  # added to every scale: an all-zero row quantizes to zeros instead of 0 / 0
 TOOL = "export.quantize_rowwise: per-token symmetric uint8 activations, per-column symmetric int8 weights"
 BEHAVIOUR = "per-token activation scales: a row's outputs do not depend on what shares its batch"
@@ -55,9 +70,10 @@ def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Rewriter:
-    def __init__(self, graph, outliers: dict[str, np.ndarray] | None = None, float_after_gelu: bool = False):
+    def __init__(self, graph, outliers=None, float_after_gelu: bool = False, stages: frozenset = STAGES):
         from onnx import numpy_helper
 
+        self.stages = stages
         self.outliers = outliers or {}  # quantized input -> channels kept fp32
         self.gathered: dict[str, str] = {}  # quantized input -> its outlier channels
         self.float_after_gelu = float_after_gelu
@@ -100,8 +116,7 @@ class _Rewriter:
 
     def quantize_rows(self, x: str, width: int) -> tuple[str, str, int]:
         """uint8 codes of `x` [..., width], its scales [..., 1] (one per row) and its zero point;
-        shared by every consumer of `x`. x / scale goes through a per-tensor QuantizeLinear (scale 1):
-        the vectorized path, with no reshape to the 2-D layout a per-axis QuantizeLinear needs.
+        shared by every consumer of `x` (Q, K and V: one quantization).
         Outlier channels (self.outliers) are zeroed first: an fp32 matmul carries them."""
         if x not in self.quantized:
             source = x
@@ -109,30 +124,53 @@ class _Rewriter:
                 keep = np.ones(width, np.float32)
                 keep[self.outliers[x]] = 0.0
                 source = self.node("Mul", [x, self.const("inliers", keep)], "inliers")
-            self.quantized[x] = self.quantize_rows_of(source, self.producers.get(x))
+            self.quantized[x] = self.quantize_rows_of(source, self.producers.get(x), width)
         return self.quantized[x]
 
-    def quantize_rows_of(self, x: str, producer: str | None) -> tuple[str, str, int]:
+    def quantize_rows_of(self, x: str, producer: str | None, width: int) -> tuple[str, str, int]:
+        axes = self.const("last_axis", np.array([-1], np.int64), True)
+        tiny = self.const("tiny", np.float32(TINY), True)
         if producer in GELU_OPS:
-            # GELU outputs lie in [-0.17, max]: a low zero point gives the positive side more codes
-            # than a symmetric one. scale_r = max(max_r / (255 - Z), -min_r / Z): nothing clips.
+            # A low zero point gives GELU's positive side more codes than a symmetric one; GELU_MIN
+            # bounds the negative side: step = max(max / (255 - Z), -GELU_MIN / Z), nothing clips.
             zero_point = GELU_ZERO_POINT
-            high = self.node("ReduceMax", [x], "max", axes=[-1], keepdims=1)
-            low = self.node("ReduceMin", [x], "min", axes=[-1], keepdims=1)
+            high = self.node("ReduceMax", [x, axes], "max", keepdims=1)
             up = self.node(
                 "Mul", [high, self.const("inv_up", np.float32(1 / (255 - zero_point)), True)], "up"
             )
-            down = self.node("Mul", [low, self.const("inv_down", np.float32(-1 / zero_point), True)], "down")
-            scaled = self.node("Max", [up, down], "scale0")
+            if "gelu_floor" in self.stages:
+                step = self.node(
+                    "Max", [up, self.const("gelu_floor", np.float32(-GELU_MIN / zero_point), True)], "step"
+                )
+            else:
+                low = self.node("ReduceMin", [x, axes], "min", keepdims=1)
+                down = self.node(
+                    "Mul", [low, self.const("inv_down", np.float32(-1 / zero_point), True)], "down"
+                )
+                step = self.node("Add", [self.node("Max", [up, down], "step0"), tiny], "step")
         else:
             zero_point = ZERO_POINT
-            amax = self.node("ReduceMax", [self.node("Abs", [x], "abs")], "amax", axes=[-1], keepdims=1)
-            scaled = self.node("Mul", [amax, self.const("inv_qmax", np.float32(1 / QMAX), True)], "scale0")
-        scale = self.node("Add", [scaled, self.const("tiny", np.float32(TINY), True)], "scale")
-        unit = self.node("Div", [x, scale], "unit")
-        one = self.const("one", np.float32(1), True)
-        zp = self.const(f"zp{zero_point}", np.uint8(zero_point), True)
-        return self.node("QuantizeLinear", [unit, one, zp], "codes"), scale, zero_point
+            amax = self.node("ReduceMax", [self.node("Abs", [x], "abs"), axes], "amax", keepdims=1)
+            scaled = self.node("Mul", [amax, self.const("inv_qmax", np.float32(1 / QMAX), True)], "step0")
+            step = self.node("Add", [scaled, tiny], "step")
+        if "blocked" in self.stages:
+            zp = self.row_zero_point(step, zero_point)
+            codes = self.node("QuantizeLinear", [x, step, zp], "codes", axis=-1, block_size=width)
+        else:
+            unit = self.node("Div", [x, step], "unit")
+            zp = self.const(f"zp{zero_point}", np.uint8(zero_point), True)
+            codes = self.node("QuantizeLinear", [unit, self.const("one", np.float32(1), True), zp], "codes")
+        return codes, step, zero_point
+
+    def row_zero_point(self, step: str, zero_point: int) -> str:
+        """Blocked QuantizeLinear takes a zero point shaped like its steps ([..., 1]); every quantized
+        input has the same token rows, so one per zero point serves the graph (a mismatch would
+        fail loudly in ONNX Runtime's shape check, and export runs several shapes)."""
+        key = f"zero_point_rows{zero_point}"
+        if key not in self.constants:
+            value = self.const(f"zp{zero_point}", np.uint8(zero_point), True)
+            self.constants[key] = self.node("Expand", [value, self.node("Shape", [step], "rows")], key)
+        return self.constants[key]
 
     def matmul(self, x: str, weight: np.ndarray, output: str | None = None) -> str:
         """x [..., K] . weight [K, N] -> [..., N] fp32 through int8, with per-row activation scales."""
@@ -226,6 +264,28 @@ class _Rewriter:
         return dict(done)
 
 
+def upgrade_opset(model, version: int = OPSET) -> None:
+    """Raise the default-domain opset to `version`, moving the `axes` attributes that became inputs
+    at opset 18; the other changes between 14 and 21 add types or optional inputs only."""
+    from onnx import helper, numpy_helper
+
+    default = [op for op in model.opset_import if op.domain in ("", "ai.onnx")]
+    if not default or default[0].version >= version:
+        return
+    if default[0].version < 13:
+        raise ValueError(f"opset {default[0].version} is too old to raise to {version}")
+    default[0].version = version
+    model.ir_version = max(model.ir_version, 10)  # IR 10 came with opset 21
+    for node in model.graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        if node.domain in ("", "ai.onnx") and node.op_type in AXES_TO_INPUT and "axes" in attrs:
+            name = f"{node.name or node.output[0]}/axes"
+            axes = np.array(helper.get_attribute_value(attrs["axes"]), np.int64)
+            model.graph.initializer.append(numpy_helper.from_array(axes, name))
+            node.attribute.remove(attrs["axes"])
+            node.input.append(name)
+
+
 def quantized_inputs(graph) -> dict[str, int]:
     """The tensors the rewrite quantizes (inputs of constant-weight MatMuls and Attention), and
     their width."""
@@ -272,14 +332,19 @@ def outlier_channels(src: Path, batches: list[dict[str, np.ndarray]], k: int, di
 
 
 def quantize_rowwise(
-    src: Path, dst: Path, outliers: dict[str, np.ndarray] | None = None, float_after_gelu: bool = False
+    src: Path,
+    dst: Path,
+    outliers: dict[str, np.ndarray] | None = None,
+    float_after_gelu: bool = False,
+    stages: frozenset = STAGES,
 ) -> dict[str, Any]:
     """Rewrite the fp32 graph `src` (fused or not) into the per-token INT8 graph `dst`; returns the
-    report. `outliers` and `float_after_gelu`: see the module's docstring."""
+    report. `outliers` and `float_after_gelu`: see the module's docstring; `stages`: STAGES."""
     import onnx
 
     model = onnx.load(str(src))
-    replaced = _Rewriter(model.graph, outliers, float_after_gelu).rewrite()
+    upgrade_opset(model)
+    replaced = _Rewriter(model.graph, outliers, float_after_gelu, stages).rewrite()
     if not replaced:
         raise ValueError(f"{src.name} has no MatMul with a constant weight and no Attention node to quantize")
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):
@@ -299,4 +364,5 @@ def quantize_rowwise(
             "inputs": len(outliers or {}),
         },
         "float_after_gelu": float_after_gelu,
+        "stages": sorted(stages),
     }

@@ -64,8 +64,31 @@ def test_profile_and_report(tiny_bundles, tmp_path):
         "latency": [
             {"candidate": "int8", "threads": 1, "batch": 1, "seq": 16, "median_ms": 2.0, "runs": 3},
             {"candidate": "int8-rowwise", "threads": 1, "batch": 1, "seq": 16, "median_ms": 2.2, "runs": 3},
-            {"candidate": "int8", "threads": 1, "batch": 1, "seq": 128, "median_ms": 4.0, "runs": 3},
+            {
+                "candidate": "int8",
+                "threads": 1,
+                "batch": 1,
+                "seq": 128,
+                "median_ms": 4.0,
+                "cpu_median_ms": 3.5,
+            },
             {"candidate": "int8-rowwise", "threads": 1, "batch": 1, "seq": 128, "median_ms": 4.4, "runs": 3},
+            {
+                "candidate": "int8",
+                "threads": 1,
+                "batch": 32,
+                "seq": 128,
+                "median_ms": 100.0,
+                "cpu_median_ms": 99,
+            },
+            {
+                "candidate": "int8-rowwise",
+                "threads": 1,
+                "batch": 32,
+                "seq": 128,
+                "median_ms": 104.0,
+                "runs": 3,
+            },
             {"candidate": "int8", "threads": 2, "batch": 1, "seq": 128, "median_ms": 2.4, "runs": 3},
             {"candidate": "int8-rowwise", "threads": 2, "batch": 1, "seq": 128, "median_ms": 2.6, "runs": 3},
         ],
@@ -81,7 +104,24 @@ def test_profile_and_report(tiny_bundles, tmp_path):
     assert (two["threads"], two["chosen_ms"], two["met"], two["fastest"]) == (2, 2.6, False, "int8")  # > 2.5
     assert two["matmul_floor_ms"] < one["matmul_floor_ms"]
     assert 0 < one["other_ops_share"] < 1 and abs(one["other_ops_ms"] - 4.4 * one["other_ops_share"]) < 0.01
+    report["latency"][3]["cpu_median_ms"], report["latency"][5]["cpu_median_ms"] = 3.85, 101.97
+    report["ratio_targets"] = cpu_int8.ratio_targets(report)
+    one, batched, two = report["ratio_targets"]  # (1,128) and (32,128) at one thread, (1,128) at two
+    assert (one["ratio"], one["cpu_ratio"], one["met"]) == (1.1, 1.1, False)
+    assert (batched["shape"], batched["ratio"], batched["cpu_ratio"], batched["met"]) == (
+        [32, 128],
+        1.04,
+        1.03,
+        True,
+    )
+    assert two["threads"] == 2 and "cpu_ratio" not in two
+    report["profiles"] = {"int8 (1,16)": prof, "int8-rowwise (1,16)": prof}
     text = cpu_int8.markdown(report)
+    assert "| 1 | (32,128) | 100.00 | 104.00 | 1.040× | 1.03 | yes |" in text
+    report["latency"][3]["median_ms"] = 4.0  # the wall clock says 1.0x, CPU time still 1.1x: not met
+    assert [t["met"] for t in cpu_int8.ratio_targets(report)] == [False, True, False]
+    assert "| int8-rowwise | — | 3.85 (1.10×) | 101.97 (1.03×) |" in text  # one thread's CPU time
+    assert "| MatMulIntegerToFloat | " in text.split("## Side by side")[1]
     assert "| int8-rowwise | 1 | 2.20 (1.10×) |" in text and "MatMulIntegerToFloat" in text
     assert "| 2 | ≤ 2.5 ms | int8-rowwise 2.6 | int8 2.4 |" in text
     cpu_int8.plot(report, tmp_path / "p.png")
@@ -104,3 +144,25 @@ def test_openvino_worker_reports_a_fallback_instead_of_timing_it(tiny_bundles, t
     out = cpu_candidates.openvino(sys.executable, bundle / "model.onnx", None, reference, tmp_path, args)
     assert [r["candidate"] for r in out["rows"]] == ["openvino-fp32"] * 2 + ["openvino-bf16-hint"] * 2
     assert all("fell back" in r["error"] and "1x8_ms" not in r for r in out["rows"])
+
+
+def test_rowwise_stages_are_timed_one_at_a_time(tiny_bundles, tmp_path):
+    from collections import Counter
+
+    import onnx
+
+    cands, notes = cpu_int8.stage_candidates(tiny_bundles["classify"], tmp_path)
+    names = ["rowwise stages: none", "rowwise stages: blocked", "rowwise stages: gelu_floor"]
+    assert [c.name for c in cands] == names
+    assert (
+        notes["served_stages"] == notes["all_stages"] == ["blocked", "gelu_floor"] and "warning" not in notes
+    )
+    ops = {c.name: Counter(n.op_type for n in onnx.load(c.path).graph.node) for c in cands}
+    assert ops[names[0]]["Div"] and ops[names[0]]["ReduceMin"]  # the first rewrite
+    assert not ops[names[1]]["Div"] and ops[names[1]]["ReduceMin"]
+    assert ops[names[2]]["Div"] and not ops[names[2]]["ReduceMin"]
+    case = [c for c in verification_cases("classify", VOCAB, 32) if c.name == "batch5_seq7"][0]
+    for c in cands:
+        session = c.session(1)
+        inv = batch_invariance("classify", lambda feeds, s=session: run_session(s, feeds), [case.feeds])
+        assert inv["invariant"], (c.name, inv)

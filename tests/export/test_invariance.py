@@ -98,7 +98,13 @@ def test_rowwise_matmul_matches_its_formula(tmp_path, after_gelu):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from export.quantize_rowwise import GELU_ZERO_POINT, MS_DOMAIN, quantize_rowwise, quantize_weight
+    from export.quantize_rowwise import (
+        GELU_MIN,
+        GELU_ZERO_POINT,
+        MS_DOMAIN,
+        quantize_rowwise,
+        quantize_weight,
+    )
 
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((16, 8)).astype(np.float32)
@@ -125,16 +131,19 @@ def test_rowwise_matmul_matches_its_formula(tmp_path, after_gelu):
 
         x = (0.5 * x * (1 + erf(x / np.sqrt(2)))).astype(np.float32)
         z = GELU_ZERO_POINT
-        scale = np.maximum(x.max(-1, keepdims=True) / (255 - z), -x.min(-1, keepdims=True) / z)
-        codes = np.clip(np.rint(x / (scale + np.float32(1e-30))) + z, 0, 255) - z
-        # Every non-zero row reaches one end of the code range, and nothing clips.
-        ends = (codes.max(-1) == 255 - z) | (codes.min(-1) == -z)
-        assert ends[np.abs(x).max(-1) > 0].all()
+        assert x.min() >= GELU_MIN  # the floor the negative side's step rests on
+        step = np.maximum(x.max(-1, keepdims=True) / (255 - z), np.float32(-GELU_MIN / z))
+        unclipped = np.rint(x / step)
+        assert (unclipped >= -z).all() and (unclipped <= 255 - z).all()  # nothing clips
+        # Rows whose maximum sets the step reach the top code; the all-zero row is among the others.
+        top = x.max(-1) / (255 - z) >= -GELU_MIN / z
+        assert top.sum() >= 3 and (unclipped.max(-1)[top] == 255 - z).all()
+        codes = unclipped
     else:
-        scale = np.abs(x).max(-1, keepdims=True) / np.float32(127)
-        codes = np.clip(np.rint(x / (scale + np.float32(1e-30))), -127, 127)
+        step = np.abs(x).max(-1, keepdims=True) / np.float32(127) + np.float32(1e-30)
+        codes = np.clip(np.rint(x / step), -127, 127)
     w_codes, w_scales = quantize_weight(weight)
-    expected = (codes @ w_codes.astype(np.float32)) * w_scales * (scale + np.float32(1e-30))
+    expected = (codes @ w_codes.astype(np.float32)) * w_scales * step
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
     assert np.abs(got[1, 2]).max() == 0
     np.testing.assert_allclose(got, x @ weight, atol=0.05 * np.abs(x @ weight).max())
@@ -226,3 +235,45 @@ def test_the_real_default_bundles_are_batch_invariant(name):
         pytest.skip(f"{bundle} predates int8-rowwise: rebuild it with python -m export.defaults")
     report = invariance(bundle, variant)
     assert report["rows"] == 10 and report["max_abs_diff"] <= INVARIANCE_TOLERANCE, report
+
+
+@pytest.mark.parametrize("stages", [frozenset(), frozenset({"blocked"}), frozenset({"gelu_floor"})])
+def test_every_stage_of_the_rewrite_keeps_rows_independent(tmp_path, stages):
+    """The blocked QuantizeLinear needs opset 21: the rewrite raises the graph's opset, moving the
+    `axes` attributes that became inputs (a ReduceMean here) and keeping what the graph computes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.quantize_rowwise import MS_DOMAIN, quantize_rowwise
+
+    rng = np.random.default_rng(2)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"]),
+        helper.make_node("Gelu", ["a"], ["h"], domain=MS_DOMAIN),
+        helper.make_node("MatMul", ["h", "w2"], ["b"]),
+        helper.make_node("ReduceMean", ["b"], ["y"], axes=[1], keepdims=0),
+    ]
+    weights = [rng.standard_normal(shape).astype(np.float32) for shape in ((16, 32), (32, 8))]
+    graph = helper.make_graph(
+        nodes,
+        "two_matmuls",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        [numpy_helper.from_array(w, f"w{i + 1}") for i, w in enumerate(weights)],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(MS_DOMAIN, 1)]
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), src)
+    report = quantize_rowwise(src, dst, stages=stages)
+    assert report["stages"] == sorted(stages) and report["rewritten"] == {"MatMul": 2}
+    model = onnx.load(dst)
+    assert {o.domain: o.version for o in model.opset_import}[""] == 21
+    mean = next(n for n in model.graph.node if n.op_type == "ReduceMean")
+    assert not mean.attribute or all(a.name != "axes" for a in mean.attribute)
+    x = rng.standard_normal((3, 5, 16)).astype(np.float32)
+    session = make_session(dst)
+    batched = session.run(None, {"x": x})[0]
+    exact = make_session(src).run(None, {"x": x})[0]
+    assert np.abs(batched - exact).max() < 0.05 * np.abs(exact).max()
+    for i in range(3):  # each sequence alone: its mean over the same rows, bit for bit
+        assert session.run(None, {"x": x[i : i + 1]})[0].tolist() == batched[i : i + 1].tolist()

@@ -12,10 +12,9 @@ import torch
 from model.bert import TASK_HEADS
 from processing.tokenizer import TextTokenizer
 from tests.helpers.tiny import make_tiny_checkpoint
-from train.cli import build_parser
-from train.features import TASKS, FeatureOptions
+from train.features import TASK_FEATURES, FeatureOptions
 from train.readers import read_examples
-from train.train import base_labels, build_model, main
+from train.train import base_labels, build_model, build_parser, main
 from train.train_utils import epoch_batches, parameter_groups
 from train.trainer import STATE_FILE, TrainConfig, Trainer
 
@@ -29,7 +28,7 @@ def build(task: str, tmp_path: Path, config: TrainConfig, dropout: float = 0.0):
     base = make_tiny_checkpoint(task, tmp_path / "base", hidden_dropout_prob=dropout)
     data_path = write_task_data(task, tmp_path / "data")
     examples = read_examples(task, data_path)
-    handler = TASKS[task](TextTokenizer.from_dir(base), OPTIONS)
+    handler = TASK_FEATURES[task](TextTokenizer.from_dir(base), OPTIONS)
     handler.fit_labels(examples, None, base_labels(task, base))
     torch.manual_seed(config.seed)
     model = build_model(handler, base)

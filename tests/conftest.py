@@ -110,6 +110,21 @@ def regression_bundle(tiny_models) -> Path:
 
 
 @pytest.fixture(scope="session")
+def keyless_live(models_dir, tmp_path_factory):
+    """A real uvicorn process on the tiny bundles, with no API key and the fused variant on CPU:
+    shared by the docs in a browser (tests/deploy) and live evaluation (tests/train, which scores
+    the bundle's "fused" offline). The reliability tests have their own, with a key."""
+    from tests.reliability.live import start_server
+
+    server = start_server(models_dir, tmp_path_factory.mktemp("keyless-live"), CPU_VARIANT="fused")
+    try:
+        assert server.wait_ready().status_code == 200, server.log_text()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def models_dir(app_bundles) -> Path:
     """MODELS_DIR holding all four bundles (shared: never modify it)."""
     return next(iter(app_bundles.values())).parent

@@ -28,14 +28,6 @@ BASE = "minilm"
 COMMON = ["--freeze-embeddings", "--no-progress", "--log-every", "50"]
 
 
-def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """bf16 autocast pays only with native bf16 matmuls (AVX512-BF16 or AMX). On an AVX2-only CPU
-    a MiniLM training step measured 16.5x slower in bf16 than in fp32 (benchmarks/train_precision.py)."""
-    from export.int8_precision import cpu_flags
-
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags(cpuinfo))
-
-
 def recipes(data: Path) -> dict[str, dict]:
     """name -> default bundle name, the data options (shared by training and evaluation), the rest.
 
@@ -279,6 +271,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "finetune.json")
     args = parser.parse_args()
     if args.precision == "auto":
+        from train.trainer import cpu_has_fast_bf16
+
         args.precision = "bf16" if cpu_has_fast_bf16() else "fp32"
     if not args.data.exists():
         print(f"{args.data} is absent: nothing to fine-tune on; skipping")

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks import bench_common as common
-from benchmarks.finetune import cpu_has_fast_bf16
+from train.trainer import cpu_has_fast_bf16
 
 COMMAND = "python -m benchmarks.train_precision"
 PRECISIONS = ("fp32", "bf16")

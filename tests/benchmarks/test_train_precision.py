@@ -11,8 +11,8 @@ pytest.importorskip("torch")
 
 
 def test_both_precisions_are_timed_and_reported(tmp_path):
-    from benchmarks.finetune import cpu_has_fast_bf16
     from benchmarks.train_precision import measure, report, write
+    from train.trainer import cpu_has_fast_bf16
 
     times = measure(threads=1, batch_size=2, seq=8, steps=2, rounds=2, layers=1)
     assert {p: len(t) for p, t in times.items()} == {"fp32": 4, "bf16": 4}

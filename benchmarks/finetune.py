@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks import bench_common as common
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -212,16 +213,11 @@ def one_task(name: str, recipe: dict, args: argparse.Namespace) -> dict:
     }
 
 
-def write_results(results: dict, path: Path) -> None:
+def merge_results(results: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text()) if path.exists() else {}
     merged = {**old.get("tasks", {}), **results}
-    machine = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-    }
-    path.write_text(json.dumps({"machine": machine, "tasks": merged}, indent=2) + "\n")
+    machine = common.machine_info()
     live = live_results(path.parent / "live_quality.json")
     lines = [
         "| task | metric | full fine-tune | compact (rebuilt) | cost (full − compact) | through the service "
@@ -245,7 +241,8 @@ def write_results(results: dict, path: Path) -> None:
     lines.append("Training commands:\n")
     for name, r in merged.items():
         lines.append(f"- {name}: " + ", then ".join(f"`{command}`" for command in r["train_commands"]))
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report = {"machine": machine, "tasks": merged}
+    common.write_results(path.parent, path.stem, report, "\n".join(lines), None)
 
 
 def live_results(path: Path) -> dict:
@@ -283,7 +280,7 @@ def main() -> None:
     results = {}
     for name in args.tasks.split(","):
         results[name] = one_task(name, all_recipes[name], args)
-        write_results({name: results[name]}, args.out)
+        merge_results({name: results[name]}, args.out)
         print(
             json.dumps({k: results[name][k] for k in ("full_finetune", "compact", "compact_bytes")}, indent=2)
         )

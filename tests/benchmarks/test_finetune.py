@@ -48,11 +48,11 @@ def result(metric_value: float, **commands) -> dict:
 
 
 def test_results_list_every_stage_command(tmp_path):
-    from benchmarks.finetune import write_results
+    from benchmarks.finetune import merge_results
 
     path = tmp_path / "finetune.json"
-    write_results({"sst2": result(90.0, train_commands=["train sst2"])}, path)
-    write_results({"squad": result(70.0, train_commands=["train race", "train squad"])}, path)
+    merge_results({"sst2": result(90.0, train_commands=["train sst2"])}, path)
+    merge_results({"squad": result(70.0, train_commands=["train race", "train squad"])}, path)
     assert set(json.loads(path.read_text())["tasks"]) == {"sst2", "squad"}
     table = path.with_suffix(".md").read_text()
     assert "- sst2: `train sst2`" in table

@@ -33,8 +33,8 @@ def calibration_batches(bundle: Path, data: Path, count: int) -> list[dict[str, 
     from benchmarks.finetune import recipes
     from processing.padding import pad_batch
     from processing.tokenizer import TextTokenizer
-    from train.cli import run_options
     from train.splits import split_examples
+    from train.train import run_options
 
     argv = recipes(data)["sst2"]["data"]
     train, _ = split_examples(run_options(argv).data)

@@ -3,7 +3,7 @@
 Torch-free and HTTP-free, so every side reads it: the service (settings, routes, middleware,
 services), export (bundle inputs/outputs, heads by architecture name), and training (metrics).
 Per-side tables keyed by task name (model.bert.TASK_HEADS, app.services.SERVICES,
-train.features.TASKS, train.readers.FORMATS) are checked against it by tests/test_tasks.py.
+train.features.TASK_FEATURES, train.readers.FORMATS) are checked against it by tests/test_tasks.py.
 
 Adding a task: declare it here, then write its pre/post-processing (processing/<task>.py),
 its head (model/bert.py), its service and schemas (app/), and, if it is trained here

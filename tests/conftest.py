@@ -1,5 +1,6 @@
-"""Session fixtures shared by tests/app, tests/deploy and tests/reliability: tiny real bundles,
-exported once per session (export_bundle takes seconds; every live server reuses the same files)."""
+"""Session fixtures shared by every test folder: tiny real checkpoints and bundles from one factory
+(TinyModels), each made once per session (export_bundle takes seconds; every live server and every
+export test reuses the same files)."""
 
 from __future__ import annotations
 
@@ -27,60 +28,100 @@ def pytest_configure(config) -> None:
 MAX_SEQ_LEN = 64  # short windows: long-input tests stay small
 
 
-@pytest.fixture(scope="session")
-def app_bundles(tmp_path_factory) -> dict[str, Path]:
-    from export import export_bundle
+class TinyModels:
+    """The one factory of tiny checkpoints and bundles: each is made once per session, whoever asks
+    first, and shared by every test folder (export_bundle takes seconds). Never modify what it
+    returns; copy it first (make_models_dir, bundle_copy)."""
 
-    root = tmp_path_factory.mktemp("app-bundles")
-    out = {}
-    for task in TASKS:
-        checkpoint = make_tiny_checkpoint(task, root / "checkpoints" / task)
-        out[task] = export_bundle(
-            checkpoint, root / "models" / task, max_seq_len=MAX_SEQ_LEN, name=f"tiny-{task}"
-        )
-    return out
+    def __init__(self, root: Path):
+        self.root = root
+        self.made: dict[tuple, Path] = {}
+        self.specs: dict[tuple, tuple] = {}
+
+    def checkpoint(self, task: str, seed: int = 0, labels: tuple[str, ...] = ()) -> Path:
+        key = ("checkpoint", task, seed, labels)
+        if key not in self.made:
+            directory = self.root / "checkpoints" / f"{task}-{len(self.made)}"
+            self.made[key] = make_tiny_checkpoint(task, directory, seed=seed, labels=list(labels) or None)
+        return self.made[key]
+
+    def bundle(
+        self,
+        task: str,
+        *,
+        seed: int = 0,
+        labels: tuple[str, ...] = (),
+        variants: tuple[str, ...] | None = None,
+        models: str = "models",
+        name: str | None = None,
+    ) -> Path:
+        """The bundle ROOT/<models>/<task>: a `models` folder is one MODELS_DIR, one bundle per task."""
+        from export import export_bundle
+        from export.pipeline import VARIANTS
+
+        variants = tuple(variants or VARIANTS)
+        key = ("bundle", models, task)
+        if key not in self.made:
+            self.specs[key] = (seed, labels, variants, name)
+            self.made[key] = export_bundle(
+                self.checkpoint(task, seed, labels),
+                self.root / models / task,
+                max_seq_len=MAX_SEQ_LEN,
+                variants=variants,
+                name=name,
+            )
+        assert self.specs[key] == (seed, labels, variants, name), f"{models}/{task} exists, made otherwise"
+        return self.made[key]
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def app_bundles(tiny_models) -> dict[str, Path]:
+    """Every task's tiny bundle (seed 0, every variant), side by side in one MODELS_DIR."""
+    return {task: tiny_models.bundle(task, name=f"tiny-{task}") for task in TASKS}
 
 
 TOPICS = ["sports", "politics", "science"]
 
 
 @pytest.fixture(scope="session")
-def other_bundles(tmp_path_factory) -> dict[str, Path]:
+def other_bundles(tiny_models) -> dict[str, Path]:
     """A second classify model (other weights, three topic labels) and a second NER model (other
     weights), int8 only: for serving several models of one task side by side."""
-    from export import export_bundle
-
-    root = tmp_path_factory.mktemp("other-bundles")
-    specs = {"classify": {"labels": TOPICS}, "ner": {}}
+    int8 = ("int8",)
     return {
-        task: export_bundle(
-            make_tiny_checkpoint(task, root / "checkpoints" / task, seed=1, **spec),
-            root / "models" / task,
-            max_seq_len=MAX_SEQ_LEN,
-            variants=("int8",),
-            name=f"other-{task}",
-        )
-        for task, spec in specs.items()
+        "classify": tiny_models.bundle(
+            "classify", seed=1, labels=tuple(TOPICS), variants=int8, models="other", name="other-classify"
+        ),
+        "ner": tiny_models.bundle("ner", seed=1, variants=int8, models="other", name="other-ner"),
     }
 
 
 @pytest.fixture(scope="session")
-def regression_bundle(tmp_path_factory) -> Path:
-    """A one-output classify bundle (problem_type regression), fp32 + int8 only."""
-    import torch
+def regression_bundle(tiny_models) -> Path:
+    """A one-output classify bundle (problem_type regression), fp32 + int8 only, alone in its folder."""
+    return tiny_models.bundle(
+        "classify", labels=("similarity",), variants=("fp32", "int8"), models="regression", name="sts"
+    )
 
-    from export import export_bundle
-    from model.bert import TASK_HEADS
-    from tests.helpers.tiny import tiny_config, write_tokenizer_files
 
-    root = tmp_path_factory.mktemp("regression")
-    config = tiny_config("classify")
-    config.id2label = {0: "similarity"}
-    torch.manual_seed(0)
-    write_tokenizer_files(root / "checkpoint")
-    TASK_HEADS["classify"](config).save_pretrained(root / "checkpoint", tokenizer_from=root / "checkpoint")
-    out = root / "models" / "sts"
-    return export_bundle(root / "checkpoint", out, max_seq_len=MAX_SEQ_LEN, variants=("fp32", "int8"))
+@pytest.fixture(scope="session")
+def keyless_live(models_dir, tmp_path_factory):
+    """A real uvicorn process on the tiny bundles, with no API key and the fused variant on CPU:
+    shared by the docs in a browser (tests/deploy) and live evaluation (tests/train, which scores
+    the bundle's "fused" offline). The reliability tests have their own, with a key."""
+    from tests.reliability.live import start_server
+
+    server = start_server(models_dir, tmp_path_factory.mktemp("keyless-live"), CPU_VARIANT="fused")
+    try:
+        assert server.wait_ready().status_code == 200, server.log_text()
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -131,3 +131,11 @@ def test_every_import_of_a_project_module_names_one_that_exists() -> None:
         if target.split(".")[0] in PACKAGES and target not in known
     }
     assert not missing, sorted(missing)
+
+
+def test_the_training_loop_imports_no_pretraining_code() -> None:
+    """The loop knows a task only through train.features.Task; pretraining is one task among them."""
+    graph = import_graph()
+    loop = ("train.trainer", "train.train_utils", "train.schedules")
+    offenders = {m: graph[m] & {"train.pretrain_data", "train.corpus", "train.vocab"} for m in loop}
+    assert not any(offenders.values()), offenders

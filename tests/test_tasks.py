@@ -76,11 +76,13 @@ def test_the_network_and_training_follow_the_registry() -> None:
     for name, spec in TASKS.items():
         assert TASK_HEADS[name].__name__ == spec.head
         # A trained task has a metric, features and a reader; an untrained one (embed) has none.
-        assert (name in features.DEFAULT_METRIC) == (name in features.TASKS) == (name in readers.FORMATS)
-        assert (name in features.TASKS) == spec.trained
+        assert (
+            (name in features.DEFAULT_METRIC) == (name in features.TASK_FEATURES) == (name in readers.FORMATS)
+        )
+        assert (name in features.TASK_FEATURES) == spec.trained
         if spec.trained:
             assert features.DEFAULT_METRIC[name] == spec.metric is not None
-    assert readers.TASKS == TRAINED_TASKS
+    assert tuple(readers.FORMATS) == TRAINED_TASKS
     assert set(TRAINED_TASKS) < set(TASK_NAMES)
     assert set(live_eval.LIVE_TASKS) <= set(TASK_NAMES)
     assert set(TASK_HEADS) - set(TASK_NAMES) == {"pretrain"}  # training only, never served

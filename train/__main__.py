@@ -1,4 +1,4 @@
-"""`python -m train ...` is `python -m train.train ...`."""
+"""`python -m train ...` runs train/train.py: the command line and the run, in one file."""
 
 from .train import cli
 

@@ -52,7 +52,7 @@ def select_examples(
 ) -> tuple[str, list]:
     """(task, examples): the held-out slice of a training run's data, or every example of `data`."""
     if train_argv:
-        from .cli import run_options
+        from .train import run_options
 
         options = run_options(train_argv).data
         return options.task, split_examples(options)[1]
@@ -64,13 +64,13 @@ def select_examples(
 
 def feature_task(task_name: str, tokenizer, train_argv: Sequence[str], recorded: dict):
     """The task's feature builder: the training run's options, else what the model recorded."""
-    from .cli import run_options
-    from .features import TASKS, FeatureOptions
+    from .features import TASK_FEATURES, FeatureOptions
+    from .train import run_options
 
     if train_argv:
-        return TASKS[task_name](tokenizer, run_options(train_argv).features)
+        return TASK_FEATURES[task_name](tokenizer, run_options(train_argv).features)
     options = FeatureOptions(**{k: v for k, v in recorded.items() if v is not None})
-    return TASKS[task_name](tokenizer, options)
+    return TASK_FEATURES[task_name](tokenizer, options)
 
 
 def run_evaluation(
@@ -108,7 +108,7 @@ def evaluate_checkpoint(
     from model.config import BertConfig
     from processing.tokenizer import TextTokenizer
 
-    from .cli import run_options
+    from .train import run_options
 
     threads = run_options(train_argv).num_threads if train_argv else 0
     if threads:

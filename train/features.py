@@ -160,6 +160,15 @@ class Task:
     def pad(self, items: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         return pad_batch([item["enc"] for item in items], pad_id=self.tokenizer.pad_id)
 
+    def step_stats(self, output, batch: dict[str, Any], micro_batches: int) -> dict[str, float]:
+        """What to log of one training micro-batch beyond its loss, summed over the step's
+        `micro_batches` (the trainer knows no task's outputs)."""
+        return {}
+
+    def step_scalars(self, stats: dict[str, float]) -> dict[str, float]:
+        """TensorBoard scalars (train/<name>) from one step's summed `step_stats`."""
+        return {}
+
 
 class ClassifyTask(Task):
     name = "classify"
@@ -432,8 +441,30 @@ class PretrainTask(Task):
         correct, total, nsp = (sum(column) for column in zip(*outputs, strict=True))
         return {"mlm_accuracy": correct / max(total, 1), "nsp_accuracy": nsp / max(len(outputs), 1)}
 
+    def step_stats(self, output, batch, micro_batches: int) -> dict[str, float]:
+        from .pretrain_data import mlm_nsp_accuracy
 
-TASKS: dict[str, type[Task]] = {
+        counts = mlm_nsp_accuracy(
+            output.prediction_logits,
+            batch["labels"],
+            output.seq_relationship_logits,
+            batch["next_sentence_label"],
+        )
+        stats = {key: counts[key] for key in ("mlm_correct", "mlm_total", "nsp_correct", "nsp_total")}
+        for name in ("mlm_loss", "nsp_loss"):
+            stats[name] = float(getattr(output, name).detach()) / micro_batches
+        return stats
+
+    def step_scalars(self, stats: dict[str, float]) -> dict[str, float]:
+        scalars = {name: stats[name] for name in ("mlm_loss", "nsp_loss")}
+        if stats["mlm_total"]:
+            scalars["mlm_accuracy"] = stats["mlm_correct"] / stats["mlm_total"]
+            scalars["nsp_accuracy"] = stats["nsp_correct"] / stats["nsp_total"]
+        return scalars
+
+
+# Each trained task's features and metrics, by task name (pretrain: training only, never served).
+TASK_FEATURES: dict[str, type[Task]] = {
     "classify": ClassifyTask,
     "ner": NERTask,
     "multiple-choice": ChoiceTask,

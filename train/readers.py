@@ -28,7 +28,6 @@ from .examples import (
 )
 from .race_spans import race_span_examples
 
-TASKS = TRAINED_TASKS  # an untrained task (embed) has no reader
 FORMATS = {
     "classify": ("tsv", "csv", "jsonl", "book"),
     "ner": ("conll", "jsonl"),
@@ -42,8 +41,8 @@ BOOK_SEPARATOR = "_!_"
 
 
 def detect_format(task: str, path: str | Path) -> str:
-    if task not in TASKS:
-        raise ValueError(f"no reader for task {task!r}; expected one of {TASKS}")
+    if task not in TRAINED_TASKS:  # an untrained task (embed) has no reader
+        raise ValueError(f"no reader for task {task!r}; expected one of {TRAINED_TASKS}")
     suffix, head = base_suffix(path), first_line(path)
     if task == "qa":
         return "race" if '"article"' in head and '"questions"' in head else "squad"

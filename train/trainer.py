@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 
 from .features import Task
-from .pretrain_data import mlm_nsp_accuracy
 from .schedules import get_schedule
 from .train_utils import (
     dataset_lengths,
@@ -76,18 +75,6 @@ class TrainConfig:
     max_minutes: float = 0.0  # wall-clock budget of this run: then end as if max_steps were reached
     progress: bool = True
     trim_memory: bool = True  # CPU: malloc_trim after every step (train_utils.release_freed_memory)
-
-
-def pretraining_counts(output, batch: dict[str, torch.Tensor], stats: dict[str, float]) -> None:
-    """Adds MLM (masked positions only) and NSP correct/total counts of one micro-batch to `stats`."""
-    counts = mlm_nsp_accuracy(
-        output.prediction_logits,
-        batch["labels"],
-        output.seq_relationship_logits,
-        batch["next_sentence_label"],
-    )
-    for key in ("mlm_correct", "mlm_total", "nsp_correct", "nsp_total"):
-        stats[key] = stats.get(key, 0.0) + counts[key]
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -201,12 +188,8 @@ class Trainer:
                 loss = output.loss / len(group)
             self.scaler.scale(loss).backward()
             stats["loss"] = stats.get("loss", 0.0) + float(loss.detach())
-            for name in ("mlm_loss", "nsp_loss"):
-                value = getattr(output, name, None)
-                if value is not None:
-                    stats[name] = stats.get(name, 0.0) + float(value.detach()) / len(group)
-            if output.prediction_logits is not None:
-                pretraining_counts(output, batch, stats)
+            for name, value in self.task.step_stats(output, batch, len(group)).items():
+                stats[name] = stats.get(name, 0.0) + value
         if self.config.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             params = [p for p in self.model.parameters() if p.requires_grad]
@@ -314,12 +297,10 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         self.scalar("train/loss", stats["loss"])
         self.scalar("train/lr", lr)
-        for name in ("mlm_loss", "nsp_loss", "grad_norm"):
-            if name in stats:
-                self.scalar(f"train/{name}", stats[name])
-        if stats.get("mlm_total"):
-            self.scalar("train/mlm_accuracy", stats["mlm_correct"] / stats["mlm_total"])
-            self.scalar("train/nsp_accuracy", stats["nsp_correct"] / stats["nsp_total"])
+        if "grad_norm" in stats:
+            self.scalar("train/grad_norm", stats["grad_norm"])
+        for name, value in self.task.step_scalars(stats).items():
+            self.scalar(f"train/{name}", value)
         log.info(
             "step %d/%d epoch %d loss %.4f lr %.3g (%.2f s/step)",
             self.step,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.app.conftest import serving
 
 OK = {
@@ -145,24 +143,6 @@ async def test_task_without_bundle(make_models_dir):
             error = assert_error(await client.post(path, json=body), 404)
             assert error["error"] == "no_model" and "classify" in error["message"]
         assert (await client.post("/classify", json=OK["/classify"])).status_code == 200
-
-
-@pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic c2VjcmV0", "Bearer", "secret"])
-async def test_api_key_required(models_dir, header):
-    async with serving(models_dir, api_key="secret") as (_, client):
-        headers = {"authorization": header} if header else {}
-        error = assert_error(await client.post("/classify", json=OK["/classify"], headers=headers), 401)
-        assert error["error"] == "unauthorized"
-        assert_error(await client.get("/models", headers=headers), 401)
-
-
-async def test_api_key_accepted_and_probes_open(models_dir):
-    async with serving(models_dir, api_key="secret") as (_, client):
-        auth = {"authorization": "Bearer secret"}
-        assert (await client.post("/classify", json=OK["/classify"], headers=auth)).status_code == 200
-        assert (await client.get("/models", headers=auth)).status_code == 200
-        for path in ("/health", "/ready", "/metrics", "/openapi.json"):
-            assert (await client.get(path)).status_code == 200
 
 
 async def test_cors_origins(models_dir):

@@ -19,7 +19,6 @@ import httpx
 import pytest
 
 from tests.deploy.files import ROOT
-from tests.reliability.live import LiveServer, start_server
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (dev extra)")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -56,16 +55,6 @@ def browser() -> Iterator[webdriver.Chrome]:
         yield driver
     finally:
         driver.quit()
-
-
-@pytest.fixture(scope="module")
-def server(models_dir, tmp_path_factory) -> Iterator[LiveServer]:
-    live = start_server(models_dir, tmp_path_factory.mktemp("docs-browser"))
-    try:
-        assert live.wait_ready().status_code == 200, live.log_text()
-        yield live
-    finally:
-        live.stop()
 
 
 def operations(url: str) -> set[tuple[str, str]]:
@@ -105,9 +94,9 @@ def assert_everything_local(driver: webdriver.Chrome, url: str) -> None:
     assert not severe, severe
 
 
-def test_swagger_ui_lists_every_endpoint_and_try_it_out_works(browser, server):
+def test_swagger_ui_lists_every_endpoint_and_try_it_out_works(browser, keyless_live):
     wait = WebDriverWait(browser, RENDER_TIMEOUT_S)
-    browser.get(f"{server.url}/docs")
+    browser.get(f"{keyless_live.url}/docs")
     wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, ".opblock-summary-path")))
     shown = {
         (
@@ -116,7 +105,7 @@ def test_swagger_ui_lists_every_endpoint_and_try_it_out_works(browser, server):
         )
         for block in browser.find_elements(By.CSS_SELECTOR, ".opblock")
     }
-    assert shown == operations(server.url)
+    assert shown == operations(keyless_live.url)
     screenshot(browser, "swagger-ui")
 
     classify = browser.find_element(By.CSS_SELECTOR, ".opblock-post:has([data-path='/classify'])")
@@ -139,16 +128,18 @@ def test_swagger_ui_lists_every_endpoint_and_try_it_out_works(browser, server):
     assert status.text.strip() == "200", answer_text
     answer = json.loads(answer_text)
     (model,) = [
-        m for m in httpx.get(f"{server.url}/models", timeout=10).json()["models"] if m["task"] == "classify"
+        m
+        for m in httpx.get(f"{keyless_live.url}/models", timeout=10).json()["models"]
+        if m["task"] == "classify"
     ]
     assert answer["label"] in model["labels"], (answer, model["labels"])
-    assert_everything_local(browser, server.url)
+    assert_everything_local(browser, keyless_live.url)
 
 
-def test_redoc_renders_every_operation(browser, server):
-    spec = httpx.get(f"{server.url}/openapi.json", timeout=10).json()
+def test_redoc_renders_every_operation(browser, keyless_live):
+    spec = httpx.get(f"{keyless_live.url}/openapi.json", timeout=10).json()
     summaries = {op["summary"] for item in spec["paths"].values() for op in item.values()}
-    browser.get(f"{server.url}/redoc")
+    browser.get(f"{keyless_live.url}/redoc")
     WebDriverWait(browser, RENDER_TIMEOUT_S).until(
         lambda d: len(d.find_elements(By.CSS_SELECTOR, "[data-section-id^='operation/']")) >= len(summaries)
     )
@@ -156,4 +147,4 @@ def test_redoc_renders_every_operation(browser, server):
     assert summaries <= headings, summaries - headings
     assert spec["info"]["title"] in browser.find_element(By.TAG_NAME, "h1").text
     screenshot(browser, "redoc")
-    assert_everything_local(browser, server.url)
+    assert_everything_local(browser, keyless_live.url)

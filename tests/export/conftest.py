@@ -1,4 +1,5 @@
-"""Tiny random checkpoints exported once per session, for all four tasks."""
+"""The export tests' tiny checkpoints and bundles: the session's shared ones (tests/conftest.py
+TinyModels), for the four fine-tuned tasks."""
 
 from __future__ import annotations
 
@@ -7,26 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.tiny import make_tiny_checkpoint
+from tests.conftest import MAX_SEQ_LEN  # noqa: F401 - below the tiny model's 128 positions: the bound is ours
 
 TASKS = ("classify", "ner", "multiple-choice", "qa")
-MAX_SEQ_LEN = 48  # below the tiny model's 128 positions, so the bound is ours, not the table's
 
 
 @pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {task: make_tiny_checkpoint(task, root / task) for task in TASKS}
+def checkpoints(tiny_models) -> dict[str, Path]:
+    return {task: tiny_models.checkpoint(task) for task in TASKS}
 
 
 @pytest.fixture(scope="session")
-def bundles(checkpoints, tmp_path_factory) -> dict[str, Path]:
-    from export import export_bundle
-
-    root = tmp_path_factory.mktemp("bundles")
-    return {
-        task: export_bundle(ckpt, root / task, max_seq_len=MAX_SEQ_LEN) for task, ckpt in checkpoints.items()
-    }
+def bundles(app_bundles) -> dict[str, Path]:
+    return {task: app_bundles[task] for task in TASKS}
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from processing.tokenizer import TextTokenizer
 from tests.helpers.tiny import write_tokenizer_files
-from train.features import IGNORE, TASKS, FeatureOptions
+from train.features import IGNORE, TASK_FEATURES, FeatureOptions
 from train.readers import ClassifyExample, NERExample, read_examples
 
 from .tiny_data import write_task_data
@@ -36,7 +36,7 @@ def qa_oracle(data, shift: int = 0) -> list:
 
 def test_qa_windows_and_answers(tokenizer: TextTokenizer, tmp_path: Path) -> None:
     examples = read_examples("qa", write_task_data("qa", tmp_path))
-    task = TASKS["qa"](tokenizer, FeatureOptions(max_seq_len=20, doc_stride=4, max_query_len=8))
+    task = TASK_FEATURES["qa"](tokenizer, FeatureOptions(max_seq_len=20, doc_stride=4, max_query_len=8))
     data = task.features(examples, train=False)
     assert len(data) > len(examples)  # long contexts were windowed
     # every example has at least one window that holds its answer
@@ -48,7 +48,7 @@ def test_qa_windows_and_answers(tokenizer: TextTokenizer, tmp_path: Path) -> Non
 
 def test_qa_labels_cls_when_answer_outside_window(tokenizer: TextTokenizer, tmp_path: Path) -> None:
     examples = read_examples("qa", write_task_data("qa", tmp_path))
-    task = TASKS["qa"](tokenizer, FeatureOptions(max_seq_len=20, doc_stride=4, max_query_len=8))
+    task = TASK_FEATURES["qa"](tokenizer, FeatureOptions(max_seq_len=20, doc_stride=4, max_query_len=8))
     data = task.features(examples, train=True)
     outside = [item for item in data.items if item["start"] == 0]
     assert outside and all(item["end"] == 0 for item in outside)
@@ -67,7 +67,7 @@ def test_qa_trains_on_the_answer_most_annotators_gave(tokenizer: TextTokenizer) 
     assert training_answer([("a", 0), ("b", 2)]) == ("a", 0)  # a tie keeps the first
     context = "the cat sat on the mat"
     answers = [("the cat", 0), ("cat", 4), ("cat", 4)]
-    task = TASKS["qa"](tokenizer, FeatureOptions(max_seq_len=32, doc_stride=4, max_query_len=8))
+    task = TASK_FEATURES["qa"](tokenizer, FeatureOptions(max_seq_len=32, doc_stride=4, max_query_len=8))
     item = task.features([QAExample("q", "who sat", context, answers)], train=True).items[0]
     first = tokenizer.tokenizer.id_to_token(int(item["enc"].input_ids[item["start"]]))
     assert first == "cat" and item["start"] == item["end"]
@@ -76,7 +76,7 @@ def test_qa_trains_on_the_answer_most_annotators_gave(tokenizer: TextTokenizer) 
 def test_ner_word_level_eval_with_windows(tokenizer: TextTokenizer) -> None:
     words = "john smith lives in paris and mary works for the company in london".split()
     tags = ["B-PER", "I-PER", "O", "O", "B-LOC", "O", "B-PER", "O", "O", "O", "B-ORG", "O", "B-LOC"]
-    task = TASKS["ner"](tokenizer, FeatureOptions(max_seq_len=8, window_overlap=2))
+    task = TASK_FEATURES["ner"](tokenizer, FeatureOptions(max_seq_len=8, window_overlap=2))
     examples = [NERExample(words, tags)]
     task.fit_labels(examples)
     data = task.features(examples, train=False)
@@ -94,7 +94,7 @@ def test_ner_word_level_eval_with_windows(tokenizer: TextTokenizer) -> None:
 
 
 def test_ner_labels_on_first_subtoken_only(tokenizer: TextTokenizer) -> None:
-    task = TASKS["ner"](tokenizer, FeatureOptions(max_seq_len=32))
+    task = TASK_FEATURES["ner"](tokenizer, FeatureOptions(max_seq_len=32))
     examples = [NERExample(["xyz", "paris"], ["B-ORG", "B-LOC"])]  # "xyz" splits into sub-tokens
     task.fit_labels(examples)
     labels = task.features(examples, train=True).items[0]["labels"]
@@ -104,7 +104,7 @@ def test_ner_labels_on_first_subtoken_only(tokenizer: TextTokenizer) -> None:
 
 
 def test_unknown_ner_tag_in_validation_is_an_error(tokenizer: TextTokenizer) -> None:
-    task = TASKS["ner"](tokenizer, FeatureOptions())
+    task = TASK_FEATURES["ner"](tokenizer, FeatureOptions())
     task.fit_labels([NERExample(["paris"], ["B-LOC"])])
     with pytest.raises(ValueError, match="B-PER"):
         task.features([NERExample(["john"], ["B-PER"])], train=False)
@@ -113,7 +113,9 @@ def test_unknown_ner_tag_in_validation_is_an_error(tokenizer: TextTokenizer) -> 
 def test_classify_long_text_windows_aggregate_per_document(tokenizer: TextTokenizer) -> None:
     long_good = " ".join(["good"] + ["the"] * 30)
     examples = [ClassifyExample(long_good, None, "positive"), ClassifyExample("bad", None, "negative")]
-    task = TASKS["classify"](tokenizer, FeatureOptions(max_seq_len=12, long_text="windows", window_overlap=2))
+    task = TASK_FEATURES["classify"](
+        tokenizer, FeatureOptions(max_seq_len=12, long_text="windows", window_overlap=2)
+    )
     task.fit_labels(examples)
     data = task.features(examples, train=False)
     assert [item["doc"] for item in data.items].count(0) > 1
@@ -127,7 +129,7 @@ def test_classify_long_text_windows_aggregate_per_document(tokenizer: TextTokeni
 
 
 def test_classify_labels_and_regression(tokenizer: TextTokenizer) -> None:
-    task = TASKS["classify"](tokenizer, FeatureOptions())
+    task = TASK_FEATURES["classify"](tokenizer, FeatureOptions())
     task.fit_labels([ClassifyExample("a", None, v) for v in ["10", "2", "0"]])
     assert task.id2label == {0: "0", 1: "2", 2: "10"}  # numeric order
     task.fit_labels([ClassifyExample("a", None, v) for v in ["4.5", "3.0"]])
@@ -140,7 +142,7 @@ def test_classify_labels_and_regression(tokenizer: TextTokenizer) -> None:
 
 
 def test_unknown_classify_label_is_an_error(tokenizer: TextTokenizer) -> None:
-    task = TASKS["classify"](tokenizer, FeatureOptions())
+    task = TASK_FEATURES["classify"](tokenizer, FeatureOptions())
     task.fit_labels([ClassifyExample("a", None, "pos"), ClassifyExample("b", None, "neg")])
     with pytest.raises(ValueError, match="'neutral' is not among the training labels"):
         task.features([ClassifyExample("c", None, "neutral")], train=False)
@@ -148,7 +150,7 @@ def test_unknown_classify_label_is_an_error(tokenizer: TextTokenizer) -> None:
 
 def test_multiple_choice_collate_and_accuracy(tokenizer: TextTokenizer, tmp_path: Path) -> None:
     examples = read_examples("multiple-choice", write_task_data("multiple-choice", tmp_path))
-    task = TASKS["multiple-choice"](tokenizer, FeatureOptions(max_seq_len=24))
+    task = TASK_FEATURES["multiple-choice"](tokenizer, FeatureOptions(max_seq_len=24))
     data = task.features(examples, train=True)
     batch = task.collate(data.items[:3])
     assert batch["input_ids"].shape[:2] == (3, 4)

@@ -1,5 +1,7 @@
 """Pretraining from scratch through the CLI: a vocabulary built from the corpus, random weights
-shaped by --scratch-config, and a run stopped mid-way that resumes onto the same curve."""
+shaped by --scratch-config, MLM and NSP accuracy logged, and a run stopped mid-way that resumes onto
+the same curve. The one CLI test of --stop-after-steps and --resume (tests/train/test_training.py
+checks the trainer's exact resume with dropout and accumulation)."""
 
 from __future__ import annotations
 
@@ -64,21 +66,25 @@ def pretrain(corpus, out: Path, *extra: str) -> dict:
 def test_resumed_pretraining_continues_the_same_curve(corpus, tmp_path: Path) -> None:
     straight = pretrain(corpus, tmp_path / "straight")
     assert straight["finished"] and straight["steps"] == 6
+    assert {"mlm_accuracy", "nsp_accuracy", "loss"} <= set(straight["validation"])
     config = json.loads((tmp_path / "straight" / "config.json").read_text())
     assert config["task"] == "pretrain" and config["vocab_size"] == 200 and "id2label" not in config
     assert (tmp_path / "straight" / "vocab.txt").exists()
 
     first = pretrain(corpus, tmp_path / "resumed", "--stop-after-steps", "3")
     assert not first["finished"] and first["steps"] == 3
+    assert not (tmp_path / "resumed" / "metrics.json").exists()  # written by a finished run only
     second = pretrain(corpus, tmp_path / "resumed", "--resume")
     assert second["finished"] and second["steps"] == 6
     assert second["validation"] == straight["validation"]
     a = load_file(str(tmp_path / "straight" / "model.safetensors"))
     b = load_file(str(tmp_path / "resumed" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    for tag in ("train/loss", "train/lr", "train/mlm_accuracy", "eval/mlm_accuracy", "eval/nsp_accuracy"):
+    train_tags = ("train/loss", "train/lr", "train/mlm_loss", "train/mlm_accuracy", "train/nsp_accuracy")
+    for tag in (*train_tags, "eval/mlm_accuracy", "eval/nsp_accuracy"):
         assert scalars(tmp_path / "resumed" / "runs", tag) == scalars(tmp_path / "straight" / "runs", tag), (
             tag
         )
     assert len(list((tmp_path / "resumed" / "runs").iterdir())) == 2, "one events file per run"
-    assert sorted(scalars(tmp_path / "straight" / "runs", "train/loss")) == [1, 2, 3, 4, 5, 6]
+    for tag in train_tags:  # --log-every 1: every step logged
+        assert sorted(scalars(tmp_path / "straight" / "runs", tag)) == [1, 2, 3, 4, 5, 6], tag

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from train.cli import build_parser, run_options
 from train.features import FeatureOptions
 from train.splits import DataOptions
+from train.train import build_parser, run_options
 from train.trainer import TrainConfig
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from app.runtime import CPU_BATCH_TOKENS, create_runtime
+from app.backend.runtime import CPU_BATCH_TOKENS, create_runtime
 from app.settings import available_cores
 from export.bundle import DEFAULT_QA, load_bundle_manifest
 from processing import classify as classify_proc
@@ -26,7 +26,7 @@ from processing import qa as qa_proc
 from processing.padding import pad_batch
 from processing.tokenizer import Encoding, TextTokenizer
 
-# The service's batching limits on a CPU (app/settings.py and app/runtime.py defaults).
+# The service's batching limits on a CPU (app/settings.py and app/backend/runtime.py defaults).
 MAX_BATCH_SIZE = 32
 MAX_BATCH_TOKENS = CPU_BATCH_TOKENS
 WINDOW_OVERLAP = 32

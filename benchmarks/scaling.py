@@ -177,7 +177,7 @@ def model_sizes(bundle: Path) -> dict[str, Any]:
 def sweep(
     bundle: Path, variant: str, points: list[tuple[int, int]], sizes, peak, args
 ) -> list[dict[str, Any]]:
-    from app.runtime import create_runtime
+    from app.backend.runtime import create_runtime
     from export.bundle import load_bundle_manifest
 
     manifest = load_bundle_manifest(bundle)

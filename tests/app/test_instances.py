@@ -9,17 +9,17 @@ import time
 import numpy as np
 import pytest
 
-from app.batch_types import WorkItem
-from app.batcher import Batcher
-from app.runtime import (
+from app.backend.runtime import (
     OrtRuntime,
     RuntimePool,
     resolve_batch_tokens,
     resolve_instances,
     resolve_padding_factor,
 )
+from app.core.batch_types import WorkItem
+from app.core.batcher import Batcher
+from app.core.task_service import INLINE_CHARS, cpu_step
 from app.settings import available_cores
-from app.task_service import INLINE_CHARS, cpu_step
 from tests.app.conftest import bundle_of, serving
 from tests.app.test_batching import assert_same, mixed_requests
 

@@ -18,9 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.errors import InvalidModelName
 from export.bundle import MANIFEST_NAME
-
-from .model_errors import InvalidModelName
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DIGEST_CHARS = 12

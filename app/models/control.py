@@ -1,7 +1,7 @@
 """Live model control: load a model's newest verified version, swap it in atomically, retire or
 unload versions once their requests are answered, and follow MODELS_DIR (MODEL_POLL_S).
 
-A new version is built and checked aside (app/loader.py: hashes, sessions, warm-up, output check,
+A new version is built and checked aside (app/models/loader.py: hashes, sessions, warm-up, output check,
 memory) and swapped in with one assignment on the event loop. Requests already admitted hold a
 lease on the version they started on (Registry.lease) and finish there; the old version is closed
 once its last lease is returned. A version that fails its checks is recorded in /models and logged,
@@ -16,15 +16,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from app.backend.runtime import resolve_batch_tokens, resolve_padding_factor
+from app.core.batcher import Batcher
+from app.errors import MemoryLimitExceeded, NoModel, VersionRejected
+from app.models.loader import MB, Bundle, build, collate_for
+from app.models.registry import Model, Registry, log_failure
+from app.models.repository import VersionDir, check_model_name, fingerprint, model_versions, scan
+from app.settings import Settings
 from export.bundle import MANIFEST_NAME, BundleError
-
-from .batcher import Batcher
-from .loader import MB, Bundle, build, collate_for
-from .model_errors import MemoryLimitExceeded, NoModel, VersionRejected
-from .registry import Model, Registry, log_failure
-from .repository import VersionDir, check_model_name, fingerprint, model_versions, scan
-from .runtime import resolve_batch_tokens, resolve_padding_factor
-from .settings import Settings
 
 log = logging.getLogger("app.control")
 

@@ -2,7 +2,7 @@
 readiness, and the device plan every model's sessions share.
 
 A request leases the version serving its model when it is admitted and returns the lease when it is
-answered (`lease`); app/control.py swaps versions in and out around those leases.
+answered (`lease`); app/models/control.py swaps versions in and out around those leases.
 
 Selection rule: a request's `model` field names a model (its directory in MODELS_DIR); without it,
 the task's default serves: DEFAULT_BUNDLES' choice, else the task's only model. Several models of a
@@ -20,18 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from export.bundle import MANIFEST_NAME, BundleError, load_bundle_manifest
-
-from .loader import MB, Bundle, SessionPlan
-from .metrics import Metrics
-from .model_errors import (
-    ModelLoading,
-    ModelRequired,
-    ModelUnavailable,
-    NoModel,
-)
-from .repository import VersionDir, model_versions, scan
-from .runtime import (
+from app.backend.runtime import (
     RuntimeConfigError,
     SessionTuning,
     available_providers,
@@ -39,7 +28,17 @@ from .runtime import (
     resolve_instances,
     session_threads,
 )
-from .settings import Settings, available_cores
+from app.errors import (
+    ModelLoading,
+    ModelRequired,
+    ModelUnavailable,
+    NoModel,
+)
+from app.models.loader import MB, Bundle, SessionPlan
+from app.models.repository import VersionDir, model_versions, scan
+from app.observe.metrics import Metrics
+from app.settings import Settings, available_cores
+from export.bundle import MANIFEST_NAME, BundleError, load_bundle_manifest
 
 log = logging.getLogger("app.registry")
 

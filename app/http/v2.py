@@ -1,5 +1,5 @@
 """KServe V2 / Open Inference Protocol for every task: V2 tensors in, the task's own requests out,
-and its own answers back as V2 tensors. No HTTP here: the routes are app/v2_routes.py.
+and its own answers back as V2 tensors. No HTTP here: the routes are app/http/v2_routes.py.
 
 Each task's tensors are declared once, in its TaskSpec (processing/tasks.py, `v2`). The first
 axis of every tensor is the batch: row i of the inputs becomes the task's i-th native request,
@@ -21,14 +21,13 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from app.core.batch_types import Priority
+from app.core.scheduling import MAX_TIMEOUT_MS, priority_of, timeout_ms_of
+from app.core.task_service import TaskService, Timings
+from app.errors import InvalidTensor, RequestError, TooManyInputs
+from app.http import schemas
+from app.http.v2_schemas import V2InferRequest, V2ModelMetadata, V2OutputTensor, V2TensorMetadata
 from processing.tasks import TaskSpec, Tensor
-
-from . import schemas
-from .batch_types import Priority
-from .request_errors import InvalidTensor, RequestError, TooManyInputs
-from .scheduling import MAX_TIMEOUT_MS, priority_of, timeout_ms_of
-from .task_service import TaskService, Timings
-from .v2_schemas import V2InferRequest, V2ModelMetadata, V2OutputTensor, V2TensorMetadata
 
 PLATFORM = "onnx_onnxv1"  # the Open Inference Protocol's name for an ONNX Runtime model
 # Server extensions: request `parameters` (Triton's "parameters"), and Triton's schedule policy.

@@ -12,18 +12,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from export.bundle import DEFAULT_QA
-from processing import choice as choice_proc
-from processing import classify as classify_proc
-from processing import ner as ner_proc
-from processing import qa as qa_proc
-from processing.tokenizer import Encoding
-from processing.words import LEGACY_WORD_SPLIT
-
-from .batch_types import ItemResult, WorkItem
-from .embed_service import EmbedService
-from .request_errors import InvalidInput, TooManyChoices, TooManyInputs
-from .schemas import (
+from app.core.batch_types import ItemResult, WorkItem
+from app.core.embed_service import EmbedService
+from app.core.task_service import TaskService, Timings, check_chars, cpu_step, sequence_items
+from app.errors import InvalidInput, TooManyChoices, TooManyInputs
+from app.http.schemas import (
     AnswerOut,
     ChoiceRequest,
     ChoiceResponse,
@@ -37,12 +30,18 @@ from .schemas import (
     QARequest,
     QAResponse,
 )
-from .service_schemas import TokenizeRequest, TokenOut
-from .settings import Settings
-from .task_service import TaskService, Timings, check_chars, cpu_step, sequence_items
+from app.http.service_schemas import TokenizeRequest, TokenOut
+from app.settings import Settings
+from export.bundle import DEFAULT_QA
+from processing import choice as choice_proc
+from processing import classify as classify_proc
+from processing import ner as ner_proc
+from processing import qa as qa_proc
+from processing.tokenizer import Encoding
+from processing.words import LEGACY_WORD_SPLIT
 
 if TYPE_CHECKING:
-    from .loader import Bundle
+    from app.models.loader import Bundle
 
 T = TypeVar("T")
 log = logging.getLogger("app.services")

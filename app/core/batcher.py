@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .batch_types import (
+from app.core.batch_types import (
     BatcherClosed,
     BatchFailed,
     BatchObserver,

@@ -8,11 +8,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from processing import embed as embed_proc
-from processing.tokenizer import Encoding
-
-from .request_errors import InputTooLong, InvalidInput, TooManyInputs
-from .schemas import (
+from app.core.task_service import TaskService, Timings, check_chars, cpu_step, sequence_items
+from app.errors import InputTooLong, InvalidInput, TooManyInputs
+from app.http.schemas import (
     EmbeddingData,
     EmbeddingUsage,
     EmbedOptions,
@@ -23,11 +21,12 @@ from .schemas import (
     SimilarityRequest,
     SimilarityResponse,
 )
-from .settings import Settings
-from .task_service import TaskService, Timings, check_chars, cpu_step, sequence_items
+from app.settings import Settings
+from processing import embed as embed_proc
+from processing.tokenizer import Encoding
 
 if TYPE_CHECKING:
-    from .loader import Bundle
+    from app.models.loader import Bundle
 
 
 @dataclass

@@ -4,7 +4,7 @@ Every inference request may carry `timeout_ms` (its whole budget, counted from w
 been read) and `priority` (`high` or `normal`): as body fields (schemas.Request), as V2 request
 parameters (also Triton's schedule-policy `priority` levels and `timeout` in microseconds), or as
 the headers below, which work for every route whatever its body. A field wins over a header. The
-batcher (app/batcher.py) applies the Schedule: queue policy, no HTTP.
+batcher (app/core/batcher.py) applies the Schedule: queue policy, no HTTP.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextvars import ContextVar
 
-from .batch_types import Priority, Schedule
-from .request_errors import InvalidInput
+from app.core.batch_types import Priority, Schedule
+from app.errors import InvalidInput
 
 TIMEOUT_HEADER = "X-Timeout-Ms"
 PRIORITY_HEADER = "X-Priority"
 PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL}
 MAX_TIMEOUT_MS = 3_600_000  # an hour: anything longer is a mistake, not a deadline
 
-# The schedule of the request being served: app/routes.py sets it around the service call, and
+# The schedule of the request being served: app/http/routes.py sets it around the service call, and
 # TaskService.infer submits every task's work items with it.
 current_schedule: ContextVar[Schedule | None] = ContextVar("current_schedule", default=None)
 

@@ -19,6 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from app.backend.runtime import RuntimePool, SessionTuning, choose_variant, create_runtime
+from app.core.batcher import Batcher
+from app.errors import MemoryLimitExceeded
+from app.models.repository import VersionDir, manifest_digest
 from export.bundle import (
     MANIFEST_NAME,
     BundleError,
@@ -31,11 +35,6 @@ from export.invariance import batch_invariance
 from processing.padding import pad_batch, pad_choices
 from processing.tasks import TASKS
 from processing.tokenizer import TextTokenizer
-
-from .batcher import Batcher
-from .model_errors import MemoryLimitExceeded
-from .repository import VersionDir, manifest_digest
-from .runtime import RuntimePool, SessionTuning, choose_variant, create_runtime
 
 MB = 1 << 20
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .schemas import Strict
+from app.http.schemas import Strict
 
 Scalar = str | int | float | bool  # a parameter's value
 Parameters = dict[str, Scalar]

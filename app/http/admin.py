@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from .errors import ADMIN_RESPONSES
-from .model_errors import AdminDisabled
-from .model_listing import model_info
-from .routes import check_bearer, state_of
-from .service_schemas import LoadResponse, PollResponse, UnloadResponse
+from app.errors import AdminDisabled
+from app.http.errors import ADMIN_RESPONSES
+from app.http.routes import check_bearer, state_of
+from app.http.service_schemas import LoadResponse, PollResponse, UnloadResponse
+from app.models.listing import model_info
 
 
 async def require_admin_key(request: Request) -> None:

@@ -1,6 +1,6 @@
 """The Open Inference Protocol's HTTP/REST routes (KServe V2, Triton): health, metadata and
-inference for every model, whatever its task. The tensors <-> task mapping is app/v2.py; errors get
-the protocol's {"error": message} body from app/errors.py, as every route under /v2 does."""
+inference for every model, whatever its task. The tensors <-> task mapping is app/http/v2.py; errors get
+the protocol's {"error": message} body from app/http/errors.py, as every route under /v2 does."""
 
 from __future__ import annotations
 
@@ -11,16 +11,12 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from processing.tasks import TASKS
-
-from . import v2
-from .errors import NOT_READY, V2_RESPONSES
-from .loader import Bundle
-from .registry import Model
-from .routes import not_serving, readiness, require_api_key, run_leased, state_of
-from .scheduling import schedule_for
-from .task_service import Timings
-from .v2_schemas import (
+from app.core.scheduling import schedule_for
+from app.core.task_service import Timings
+from app.http import v2
+from app.http.errors import NOT_READY, V2_RESPONSES
+from app.http.routes import not_serving, readiness, require_api_key, run_leased, state_of
+from app.http.v2_schemas import (
     V2InferRequest,
     V2InferResponse,
     V2Live,
@@ -29,6 +25,9 @@ from .v2_schemas import (
     V2Ready,
     V2ServerMetadata,
 )
+from app.models.loader import Bundle
+from app.models.registry import Model
+from processing.tasks import TASKS
 
 SERVER_NAME = "bert-serving"
 

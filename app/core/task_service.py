@@ -10,16 +10,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from app.core.batch_types import ItemResult, WorkItem
+from app.core.scheduling import current_schedule
+from app.errors import TextTooLong
+from app.observe.metrics import Metrics
+from app.settings import Settings
 from processing.tokenizer import Encoding, default_window_overlap
 
-from .batch_types import ItemResult, WorkItem
-from .metrics import Metrics
-from .request_errors import TextTooLong
-from .scheduling import current_schedule
-from .settings import Settings
-
 if TYPE_CHECKING:
-    from .loader import Bundle
+    from app.models.loader import Bundle
 
 T = TypeVar("T")
 

@@ -12,12 +12,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from app.errors import ServiceError
+
 
 class Runtime(Protocol):
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
-class BatcherError(Exception):
+class BatcherError(ServiceError):
     reason = "error"
 
 
@@ -62,7 +64,7 @@ class DeadlineExceeded(BatcherError):
         self.timeout_ms, self.waited_s = timeout_ms, waited_s
 
 
-class BatchFailed(RuntimeError):
+class BatchFailed(BatcherError, RuntimeError):
     """The model raised on a batch. Each of its items gets its own instance (the model's error as
     the cause): one exception object re-raised by many requests would pile up their tracebacks."""
 

@@ -17,27 +17,25 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import SecretStr
 
-from processing.tasks import TASKS, TaskSpec
-
-from . import schemas
-from .batch_types import Schedule
-from .embed_service import EmbedService
-from .errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
-from .loader import Bundle
-from .middleware import MODEL_SCOPE_KEY
-from .model_errors import NoModel
-from .model_listing import list_models
-from .request_errors import Unauthorized
-from .scheduling import current_schedule, schedule_for
-from .schemas import (
+from app.core.batch_types import Schedule
+from app.core.embed_service import EmbedService
+from app.core.scheduling import current_schedule, schedule_for
+from app.core.services import SERVICES, service_of, tokenize_texts
+from app.core.task_service import TaskService, Timings
+from app.errors import NoModel, Unauthorized
+from app.http import schemas
+from app.http.errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
+from app.http.middleware import MODEL_SCOPE_KEY
+from app.http.schemas import (
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
     SimilarityRequest,
     SimilarityResponse,
 )
-from .service_schemas import HealthResponse, ModelsResponse, ReadyResponse, TokenizeRequest, TokenOut
-from .services import SERVICES, service_of, tokenize_texts
-from .task_service import TaskService, Timings
+from app.http.service_schemas import HealthResponse, ModelsResponse, ReadyResponse, TokenizeRequest, TokenOut
+from app.models.listing import list_models
+from app.models.loader import Bundle
+from processing.tasks import TASKS, TaskSpec
 
 router = APIRouter()
 

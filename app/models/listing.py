@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from app.http.service_schemas import ModelInfo, ModelsResponse, VersionInfo
+from app.models.loader import MB
+from app.models.registry import Model, Registry
 from export.bundle import VARIANT_NOTES, batch_invariant
-
-from .loader import MB
-from .registry import Model, Registry
-from .service_schemas import ModelInfo, ModelsResponse, VersionInfo
 
 
 def list_models(registry: Registry) -> ModelsResponse:

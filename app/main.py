@@ -23,7 +23,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
 from app.backend.runtime import fix_malloc_mmap_threshold
-from app.core.services import make_service
 from app.http.admin import router as admin_router
 from app.http.errors import install_error_handlers
 from app.http.middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
@@ -97,7 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     configure_logging(settings.log_level)
     metrics = Metrics()
     registry = Registry(settings, metrics)
-    control = ModelControl(registry, make_service)
+    control = ModelControl(registry)
     state = ServiceState(
         settings=settings, metrics=metrics, registry=registry, in_flight=InFlight(metrics), control=control
     )

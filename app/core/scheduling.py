@@ -10,7 +10,6 @@ batcher (app/core/batcher.py) applies the Schedule: queue policy, no HTTP.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextvars import ContextVar
 
 from app.core.batch_types import Priority, Schedule
 from app.errors import InvalidInput
@@ -19,10 +18,6 @@ TIMEOUT_HEADER = "X-Timeout-Ms"
 PRIORITY_HEADER = "X-Priority"
 PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL}
 MAX_TIMEOUT_MS = 3_600_000  # an hour: anything longer is a mistake, not a deadline
-
-# The schedule of the request being served: app/http/routes.py sets it around the service call, and
-# TaskService.infer submits every task's work items with it.
-current_schedule: ContextVar[Schedule | None] = ContextVar("current_schedule", default=None)
 
 
 def timeout_ms_of(value: object, where: str) -> float:

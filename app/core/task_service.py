@@ -10,8 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from app.core.batch_types import ItemResult, WorkItem
-from app.core.scheduling import current_schedule
+from app.core.batch_types import ItemResult, Schedule, WorkItem
 from app.errors import TextTooLong
 from app.observe.metrics import Metrics
 from app.settings import Settings
@@ -24,9 +23,11 @@ T = TypeVar("T")
 
 
 class Timings:
-    """Seconds per stage for one request: Server-Timing header and bert_stage_seconds."""
+    """One request through the core: its schedule (deadline, priority; None = no deadline, normal)
+    and its seconds per stage (Server-Timing header and bert_stage_seconds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, schedule: Schedule | None = None) -> None:
+        self.schedule = schedule
         self.stages: dict[str, float] = {}
 
     def add(self, stage: str, seconds: float) -> None:
@@ -97,7 +98,7 @@ class TaskService:
     async def infer(self, items: list[WorkItem], timings: Timings) -> list[ItemResult]:
         """Submit under the request's schedule (raises QueueFull / TooLarge / BatcherClosed /
         DeadlineExceeded at once) and wait for every item."""
-        futures = self.batcher.submit(items, current_schedule.get())
+        futures = self.batcher.submit(items, timings.schedule)
         started = time.perf_counter()
         try:
             results = await gather_all(futures)

@@ -1,15 +1,13 @@
 """HTTP routes: thin wrappers that lease the model's serving version, time it and shape the response.
 
-Every task's POST route is made from its registry declaration (processing/tasks.py); none is written here.
+Each task's POST route is written out with its request schema; tests/test_tasks.py checks that
+path, schemas and summary match the task's registry declaration (processing/tasks.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
-import inspect
-import operator
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,23 +17,40 @@ from pydantic import SecretStr
 
 from app.core.batch_types import Schedule
 from app.core.embed_service import EmbedService
-from app.core.scheduling import current_schedule, schedule_for
-from app.core.services import SERVICES, service_of, tokenize_texts
+from app.core.scheduling import schedule_for
+from app.core.services import (
+    ChoiceService,
+    ClassifyService,
+    NERService,
+    QAService,
+    service_of,
+    tokenize_texts,
+)
 from app.core.task_service import TaskService, Timings
 from app.errors import NoModel, Unauthorized
-from app.http import schemas
 from app.http.errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
 from app.http.middleware import MODEL_SCOPE_KEY
 from app.http.schemas import (
+    ChoiceRequest,
+    ChoiceResponse,
+    ClassifyBatchResponse,
+    ClassifyRequest,
+    ClassifyResult,
+    EmbedRequest,
+    EmbedResponse,
+    NERRequest,
+    NERResponse,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
+    QARequest,
+    QAResponse,
     SimilarityRequest,
     SimilarityResponse,
 )
 from app.http.service_schemas import HealthResponse, ModelsResponse, ReadyResponse, TokenizeRequest, TokenOut
 from app.models.listing import list_models
 from app.models.loader import Bundle
-from processing.tasks import TASKS, TaskSpec
+from processing.tasks import TASKS
 
 router = APIRouter()
 
@@ -108,12 +123,8 @@ async def run_leased(
         if version is not None and version != bundle.version:
             raise not_serving(bundle.name, version, bundle.version)
         request.scope[MODEL_SCOPE_KEY] = bundle.name
-        timings = Timings()
-        scheduled = current_schedule.set(schedule)  # the task below copies it
-        try:
-            work_task = asyncio.ensure_future(work(bundle, timings))
-        finally:
-            current_schedule.reset(scheduled)
+        timings = Timings(schedule)
+        work_task = asyncio.ensure_future(work(bundle, timings))
         watcher = asyncio.ensure_future(_wait_for_disconnect(request))
         try:
             await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -132,45 +143,66 @@ async def run_leased(
     return result
 
 
-def task_endpoint(spec: TaskSpec) -> Callable[..., Awaitable[Any]]:
-    """The POST route of one registry task: its request schema in, its service's answer out."""
-    kind = SERVICES[spec.name]
-
-    async def endpoint(body: Any, request: Request, response: Response) -> Any:
-        return await serve(request, response, kind, body)
-
-    # FastAPI reads the body's schema from the signature, so the registry's type goes there.
-    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [
-            inspect.Parameter(
-                "body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=getattr(schemas, spec.request)
-            ),
-            inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
-            inspect.Parameter("response", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Response),
-        ]
-    )
-    endpoint.__name__ = spec.name.replace("-", "_")
-    return endpoint
+# The task routes. Path, schemas and summary are the task's registry declaration (processing/tasks.py).
+AUTH = [Depends(require_api_key)]
 
 
-for spec in TASKS.values():
-    replies = tuple(getattr(schemas, name) for name in spec.responses)
-    router.add_api_route(
-        spec.path,
-        task_endpoint(spec),
-        methods=["POST"],
-        response_model=functools.reduce(operator.or_, replies),
-        responses=TASK_RESPONSES,
-        dependencies=[Depends(require_api_key)],
-        summary=spec.summary,
-    )
+@router.post(
+    "/classify",
+    response_model=ClassifyResult | ClassifyBatchResponse,
+    summary=TASKS["classify"].summary,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+)
+async def classify(body: ClassifyRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, ClassifyService, body)
+
+
+@router.post(
+    "/ner",
+    response_model=NERResponse,
+    summary=TASKS["ner"].summary,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+)
+async def ner(body: NERRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, NERService, body)
+
+
+@router.post(
+    "/multiple-choice",
+    response_model=ChoiceResponse,
+    summary=TASKS["multiple-choice"].summary,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+)
+async def multiple_choice(body: ChoiceRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, ChoiceService, body)
+
+
+@router.post(
+    "/qa", response_model=QAResponse, summary=TASKS["qa"].summary, responses=TASK_RESPONSES, dependencies=AUTH
+)
+async def qa(body: QARequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, QAService, body)
+
+
+@router.post(
+    "/embed",
+    response_model=EmbedResponse,
+    summary=TASKS["embed"].summary,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+)
+async def embed(body: EmbedRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, EmbedService, body)
 
 
 @router.post(
     "/tokenize",
     response_model=list[list[TokenOut]],
     responses=TOKENIZE_RESPONSES,
-    dependencies=[Depends(require_api_key)],
+    dependencies=AUTH,
     summary="Tokens with ids and character offsets, from a model's tokenizer (TEI's /tokenize)",
 )
 async def tokenize(body: TokenizeRequest, request: Request, response: Response) -> Any:
@@ -195,7 +227,7 @@ def readiness(request: Request) -> tuple[bool, str, dict[str, str], dict[str, st
     "/v1/embeddings",
     response_model=OpenAIEmbeddingResponse,
     responses=TASK_RESPONSES,
-    dependencies=[Depends(require_api_key)],
+    dependencies=AUTH,
     summary="Sentence embeddings, OpenAI-compatible (float or base64, with token usage)",
 )
 async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request, response: Response) -> Any:
@@ -206,7 +238,7 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request, resp
     "/similarity",
     response_model=SimilarityResponse,
     responses=TASK_RESPONSES,
-    dependencies=[Depends(require_api_key)],
+    dependencies=AUTH,
     summary="Cosine similarity of a source sentence with each of a list (text-embeddings-inference's)",
 )
 async def similarity(body: SimilarityRequest, request: Request, response: Response) -> Any:
@@ -239,7 +271,7 @@ async def metrics(request: Request) -> Response:
 @router.get(
     "/models",
     response_model=ModelsResponse,
-    dependencies=[Depends(require_api_key)],
+    dependencies=AUTH,
     responses=MODELS_RESPONSES,
     summary="Every model: task, labels, version, status, memory, variant, execution provider and limits",
 )

@@ -216,7 +216,7 @@ def requested_outputs(spec: TaskSpec, request: V2InferRequest) -> list[Tensor]:
 async def infer_rows(service: TaskService, rows: list[BaseModel], timings: Timings) -> list[BaseModel]:
     """Serve every row at once (their work items share batches); the first failure cancels the rest.
     A stage's time is the longest row's: the rows run side by side."""
-    row_timings = [Timings() for _ in rows]
+    row_timings = [Timings(timings.schedule) for _ in rows]
 
     async def one(row: int) -> BaseModel:
         try:

@@ -13,26 +13,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any
 
 from app.backend.runtime import resolve_batch_tokens, resolve_padding_factor
 from app.core.batcher import Batcher
+from app.core.services import make_service
 from app.errors import MemoryLimitExceeded, NoModel, VersionRejected
 from app.models.loader import MB, Bundle, build, collate_for
 from app.models.registry import Model, Registry, log_failure
 from app.models.repository import VersionDir, check_model_name, fingerprint, model_versions, scan
-from app.settings import Settings
 from export.bundle import MANIFEST_NAME, BundleError
 
 log = logging.getLogger("app.control")
 
 
 class ModelControl:
-    def __init__(self, registry: Registry, service_factory: Callable[[Bundle, Settings], Any]):
+    def __init__(self, registry: Registry):
         self.registry = registry
         self.settings, self.metrics = registry.settings, registry.metrics
-        self.service_factory = service_factory
         self._load_lock = asyncio.Lock()  # one load at a time: CPU, and a clean memory measure
         self._retiring: set[asyncio.Task] = set()
 
@@ -174,7 +171,7 @@ class ModelControl:
             compute=self.registry.compute,
             aging_ms=settings.priority_aging_ms,
         )
-        bundle.service = self.service_factory(bundle, self.settings)
+        bundle.service = make_service(bundle, self.settings)
         bundle.batcher.start()
 
     # ------------------------------------------------------------------ retiring, unloading

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from export.invariance import batch_invariance
 from processing.padding import pad_batch, pad_choices
 from processing.tasks import TASKS
 from processing.tokenizer import TextTokenizer
+
+if TYPE_CHECKING:
+    from app.core.task_service import TaskService
 
 MB = 1 << 20
 
@@ -70,7 +73,7 @@ class Bundle:
     tokenizer: TextTokenizer | None = None
     runtime: RuntimePool | None = None
     batcher: Batcher | None = None
-    service: Any = None
+    service: TaskService | None = None  # app/core/services.py, made by app/models/control.py
     load_seconds: float | None = None
     memory_bytes: int | None = None
     leases: int = 0  # requests being served by this version right now

@@ -54,7 +54,7 @@ CONFIGS: dict[str, tuple[dict[str, bool | int], int]] = {
 
 def service_default() -> str:
     """The CONFIGS entry that app.settings.Settings' defaults select."""
-    from app.runtime import SessionTuning
+    from app.backend.runtime import SessionTuning
     from app.settings import Settings
 
     field = {name: info.default for name, info in Settings.model_fields.items()}
@@ -92,7 +92,7 @@ def worker(model: Path, config: str, runs: int, seed: int, threads: int) -> dict
     import numpy as np
     import psutil
 
-    from app.runtime import SessionTuning, create_runtime, fix_malloc_mmap_threshold
+    from app.backend.runtime import SessionTuning, create_runtime, fix_malloc_mmap_threshold
 
     tuning, mmap_threshold = SessionTuning(**CONFIGS[config][0]), CONFIGS[config][1]
     if mmap_threshold:

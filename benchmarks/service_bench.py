@@ -37,17 +37,27 @@ from app.settings import available_cores
 from benchmarks import bench_common as common
 from benchmarks import loadgen, service_report
 from benchmarks.loadgen_payloads import make_payload
+from export.bundle import MANIFEST_NAME
 
-ENDPOINTS = ("classify", "qa")
+ENDPOINTS = ("classify", "qa", "embed")  # embed: our servers only (no plain ORT or pipeline peer)
 # ours-no-solo: our server without its solo session (SOLO_SESSION=false), the ablation of a lone
-# request on every core against one core.
-SERVERS = ("ours", "ours-no-solo", "ort", "pipeline")
+# request on every core against one core. ours-defaults: every bundle beside the endpoint's loaded
+# (what `make serve` runs), the load on the endpoint's model alone.
+SERVERS = ("ours", "ours-no-solo", "ours-defaults", "ort", "pipeline")
+OUR_SERVERS = ("ours", "ours-no-solo", "ours-defaults")
 
 
-def our_server(bundle: Path, port: int, args: argparse.Namespace, models_dir: Path) -> tuple[list[str], dict]:
-    shutil.rmtree(models_dir, ignore_errors=True)  # only links live here: serve exactly this bundle
+def our_server(
+    bundle: Path, port: int, args: argparse.Namespace, models_dir: Path, beside: bool = False
+) -> tuple[list[str], dict]:
+    """Our server on exactly this bundle, or (`beside`) on it and every bundle in its directory."""
+    shutil.rmtree(models_dir, ignore_errors=True)  # only links live here
     models_dir.mkdir(parents=True)
-    (models_dir / bundle.name).symlink_to(bundle.resolve(), target_is_directory=True)
+    served = [bundle]
+    if beside:
+        served = sorted(p for p in bundle.parent.iterdir() if (p / MANIFEST_NAME).is_file())
+    for path in served:
+        (models_dir / path.name).symlink_to(path.resolve(), target_is_directory=True)
     command = [
         sys.executable,
         "-m",
@@ -207,8 +217,9 @@ def run_server(kind: str, endpoint: str, bundle: Path, checkpoint: Path, args) -
     """Start one server, load it at every concurrency level, stop it."""
     port = common.free_port()
     url = f"http://127.0.0.1:{port}"
-    if kind in ("ours", "ours-no-solo"):
-        command, env = our_server(bundle, port, args, args.work_dir / "models-dir" / endpoint)
+    if kind in OUR_SERVERS:
+        models_dir = args.work_dir / "models-dir" / endpoint
+        command, env = our_server(bundle, port, args, models_dir, beside=kind == "ours-defaults")
         if kind == "ours-no-solo":
             env["SOLO_SESSION"] = "false"
     elif kind == "ort":
@@ -262,7 +273,7 @@ def run_endpoint(endpoint: str, bundle: Path, checkpoint: Path, how: str, args) 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: c=1,8, 2 s per level")
-    p.add_argument("--endpoints", default=",".join(ENDPOINTS), help="comma list of classify,qa")
+    p.add_argument("--endpoints", default="classify,qa", help="comma list of " + ",".join(ENDPOINTS))
     p.add_argument("--servers", default=",".join(SERVERS), help="comma list of " + ",".join(SERVERS))
     p.add_argument("--concurrency", help="comma list (default 1,8,32,64; quick 1,8)")
     p.add_argument("--duration", type=float, help="seconds per level (default 20; quick 2)")
@@ -305,6 +316,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--qa-checkpoint", default="auto")
     p.add_argument(
+        "--embed-bundle", type=Path, default=common.ROOT / ".cache" / "bundles" / "all-minilm-l6-v2"
+    )
+    p.add_argument(
         "--dev-models", action="store_true", help="MiniLM with random heads instead of the defaults"
     )
     p.add_argument("--work-dir", type=Path, default=common.WORK)
@@ -319,6 +333,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--endpoints must name some of {ENDPOINTS}")
     if set(args.servers) - set(SERVERS) or not args.servers:
         p.error(f"--servers must name some of {SERVERS}")
+    if "embed" in args.endpoints and set(args.servers) - set(OUR_SERVERS):
+        p.error(f"/embed has no plain ORT or pipeline peer here: --servers must name some of {OUR_SERVERS}")
     try:
         args.server_env = dict(item.split("=", 1) for item in args.server_env)
     except ValueError:
@@ -344,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     models: dict[str, tuple[Path, str | None]] = {
         "classify": (args.classify_bundle, args.classify_checkpoint),
         "qa": (args.qa_bundle, args.qa_checkpoint),
+        "embed": (args.embed_bundle, None),
     }
     if args.dev_models:
         built = common.build_dev_models(args.endpoints, args.work_dir)
@@ -373,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for endpoint in args.endpoints:
         bundle = common.require_bundle(Path(models[endpoint][0]), endpoint)
-        checkpoint, how = common.resolve_checkpoint(bundle, models[endpoint][1], endpoint, args.work_dir)
+        checkpoint, how = Path("-"), "not needed: no pipeline server"
+        if "pipeline" in args.servers:
+            checkpoint, how = common.resolve_checkpoint(bundle, models[endpoint][1], endpoint, args.work_dir)
         print(f"/{endpoint}: bundle {bundle}, baseline checkpoint {checkpoint} ({how})", flush=True)
         report["endpoints"][endpoint] = run_endpoint(endpoint, bundle, checkpoint, how, args)
     stem = args.name or ("service_quick" if args.quick else "service")

@@ -107,14 +107,14 @@ def resolve_batch_tokens(configured: int | None, device: str) -> int:
     return CUDA_BATCH_TOKENS if device == "cuda" else CPU_BATCH_TOKENS
 
 
-def resolve_instances(configured: int, device: str, n_models: int, cores: int) -> int:
-    """MODEL_INSTANCES, or with 0 (auto): on a CPU one single-threaded session per core the
-    models leave free, so batches run side by side; one instance on a GPU (it batches itself)."""
+def resolve_instances(configured: int, device: str, cores: int) -> int:
+    """MODEL_INSTANCES, or with 0 (auto): on a CPU one single-threaded session per core for every
+    model, so batches run side by side and a busy model may use every core the idle ones leave
+    (the device's compute slots bound the batches of all models together); one instance on a GPU
+    (it batches itself)."""
     if configured > 0:
         return configured
-    if device == "cuda":
-        return 1
-    return max(1, cores // max(1, n_models))
+    return 1 if device == "cuda" else max(1, cores)
 
 
 def check_providers(active: list[str], device: str, model_path: Path | str) -> None:

@@ -13,7 +13,7 @@ counts as high, so it is served in arrival order with them (the starvation bound
 Inference runs in dedicated threads so the event loop never blocks: up to `concurrency` batches
 at once per model (one per model instance), and, when models share a device, a batch also holds
 one of the device's `compute` slots while it runs, so ten models on two cores still run two
-batches at a time.
+batches at a time, and a busy model gets every slot the idle ones do not use.
 """
 
 from __future__ import annotations
@@ -48,6 +48,26 @@ from app.core.batch_types import (
 log = logging.getLogger("app.batcher")
 
 
+class ComputeSlots:
+    """The device's batch slots, shared by every model's batcher: a batch runs only while it holds
+    one. `held` tells a batcher whether other models are computing (then no batch runs alone)."""
+
+    def __init__(self, slots: int):
+        self._semaphore = asyncio.Semaphore(slots)
+        self.slots, self.held = slots, 0
+
+    def locked(self) -> bool:
+        return self._semaphore.locked()
+
+    async def acquire(self) -> None:
+        await self._semaphore.acquire()
+        self.held += 1
+
+    def release(self) -> None:
+        self.held -= 1
+        self._semaphore.release()
+
+
 class Batcher:
     def __init__(
         self,
@@ -63,7 +83,7 @@ class Batcher:
         name: str = "model",
         concurrency: int = 1,
         inline_tokens: int = 0,
-        compute: asyncio.Semaphore | None = None,
+        compute: ComputeSlots | None = None,
         aging_ms: float = 500.0,
         clock: Callable[[], float] = time.perf_counter,
     ):
@@ -297,7 +317,9 @@ class Batcher:
                 taken = {id(it) for it in selected}
                 self._queue = [it for it in self._queue if id(it) not in taken]
                 self.observer.on_queue_depth(len(self._queue))
+                # Alone: nothing else of this model running or queued, and no other model computing.
                 alone = not self._in_flight and not self._queue
+                alone = alone and (self.compute is None or self.compute.held <= 1)
                 inline = alone and padded_tokens(selected) <= self.inline_tokens
                 task = loop.create_task(self._run_batch(selected, loop, inline, alone))
                 self._in_flight.add(task)

@@ -4,11 +4,10 @@ texts to vectors through the batcher, pooled by processing/embed.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.core.task_service import TaskService, Timings, check_chars, cpu_step, sequence_items
+from app.core.task_service import ModelVersion, TaskService, Timings, check_chars, cpu_step, sequence_items
 from app.errors import InputTooLong, InvalidInput, TooManyInputs
 from app.http.schemas import (
     EmbeddingData,
@@ -24,9 +23,6 @@ from app.http.schemas import (
 from app.settings import Settings
 from processing import embed as embed_proc
 from processing.tokenizer import Encoding
-
-if TYPE_CHECKING:
-    from app.models.loader import Bundle
 
 
 @dataclass
@@ -50,7 +46,7 @@ class EmbedService(TaskService):
 
     task = "embed"
 
-    def __init__(self, bundle: Bundle, settings: Settings):
+    def __init__(self, bundle: ModelVersion, settings: Settings):
         super().__init__(bundle, settings)
         pooling = self.manifest.pooling or {}
         self.pooling = pooling.get("mode", "mean")

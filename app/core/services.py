@@ -8,13 +8,13 @@ CPU-bound steps run in worker threads so the event loop stays responsive.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from app.core.batch_types import ItemResult, WorkItem
 from app.core.embed_service import EmbedService
-from app.core.task_service import TaskService, Timings, check_chars, cpu_step, sequence_items
+from app.core.task_service import ModelVersion, TaskService, Timings, check_chars, cpu_step, sequence_items
 from app.errors import InvalidInput, TooManyChoices, TooManyInputs
 from app.http.schemas import (
     AnswerOut,
@@ -40,9 +40,6 @@ from processing import qa as qa_proc
 from processing.tokenizer import Encoding
 from processing.words import LEGACY_WORD_SPLIT
 
-if TYPE_CHECKING:
-    from app.models.loader import Bundle
-
 T = TypeVar("T")
 log = logging.getLogger("app.services")
 
@@ -50,7 +47,7 @@ log = logging.getLogger("app.services")
 class ClassifyService(TaskService):
     task = "classify"
 
-    def __init__(self, bundle: Bundle, settings: Settings):
+    def __init__(self, bundle: ModelVersion, settings: Settings):
         super().__init__(bundle, settings)
         self.regression = self.manifest.problem_type == "regression"
         self.labels = list(self.manifest.labels or [])
@@ -120,7 +117,7 @@ class ClassifyService(TaskService):
 class NERService(TaskService):
     task = "ner"
 
-    def __init__(self, bundle: Bundle, settings: Settings):
+    def __init__(self, bundle: ModelVersion, settings: Settings):
         super().__init__(bundle, settings)
         self.id2label = dict(enumerate(self.manifest.labels or []))
         self.word_split = self.manifest.preprocessing.get("word_split")
@@ -198,7 +195,7 @@ class ChoiceService(TaskService):
 class QAService(TaskService):
     task = "qa"
 
-    def __init__(self, bundle: Bundle, settings: Settings):
+    def __init__(self, bundle: ModelVersion, settings: Settings):
         super().__init__(bundle, settings)
         defaults = {**DEFAULT_QA, **(self.manifest.qa_defaults or {})}
         self.max_query_len = int(defaults["max_query_len"])
@@ -245,7 +242,7 @@ class QAService(TaskService):
 
 
 async def tokenize_texts(
-    bundle: Bundle, request: TokenizeRequest, settings: Settings
+    bundle: ModelVersion, request: TokenizeRequest, settings: Settings
 ) -> list[list[TokenOut]]:
     """/tokenize: every text's tokens with their offsets, from the model's own tokenizer."""
     assert bundle.tokenizer is not None
@@ -281,7 +278,7 @@ SERVICES: dict[str, type[TaskService]] = {
 }
 
 
-def make_service(bundle: Bundle, settings: Settings) -> TaskService:
+def make_service(bundle: ModelVersion, settings: Settings) -> TaskService:
     assert bundle.task is not None
     return SERVICES[bundle.task](bundle, settings)
 
@@ -289,7 +286,7 @@ def make_service(bundle: Bundle, settings: Settings) -> TaskService:
 S = TypeVar("S", bound=TaskService)
 
 
-def service_of(bundle: Bundle, kind: type[S]) -> S:
+def service_of(bundle: ModelVersion, kind: type[S]) -> S:
     """The bundle's service as the route's type: a route for one task gets that task's service."""
     service = bundle.service
     if not isinstance(service, kind):  # the registry leases by task, so this is a bug if it happens

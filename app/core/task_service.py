@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from app.core.batch_types import ItemResult, Schedule, WorkItem
 from app.errors import TextTooLong
@@ -17,9 +17,22 @@ from app.settings import Settings
 from processing.tokenizer import Encoding, default_window_overlap
 
 if TYPE_CHECKING:
-    from app.models.loader import Bundle
+    from app.core.batcher import Batcher
+    from export.bundle import BundleManifest
+    from processing.tokenizer import TextTokenizer
 
 T = TypeVar("T")
+
+
+class ModelVersion(Protocol):
+    """What a service is made from: one loaded version of a model (app/models/loader.Bundle)."""
+
+    name: str
+    task: str | None
+    manifest: BundleManifest | None
+    tokenizer: TextTokenizer | None
+    batcher: Batcher | None
+    service: TaskService | None
 
 
 class Timings:
@@ -78,7 +91,7 @@ def check_chars(value: str, limit: int, field: str, setting: str) -> None:
 class TaskService:
     task = ""
 
-    def __init__(self, bundle: Bundle, settings: Settings):
+    def __init__(self, bundle: ModelVersion, settings: Settings):
         assert bundle.manifest is not None and bundle.tokenizer is not None and bundle.batcher is not None
         self.bundle = bundle
         self.manifest = bundle.manifest

@@ -28,6 +28,7 @@ from app.backend.runtime import (
     resolve_instances,
     session_threads,
 )
+from app.core.batcher import ComputeSlots
 from app.errors import (
     ModelLoading,
     ModelRequired,
@@ -110,7 +111,7 @@ class Registry:
         self.default_names: dict[str, str] = {}  # DEFAULT_BUNDLES, resolved to model names
         self.device: str | None = None
         self.threads = 1
-        self.compute: asyncio.Semaphore | None = None
+        self.compute: ComputeSlots | None = None
         self.load_finished = False
 
     @property
@@ -146,13 +147,12 @@ class Registry:
         except RuntimeConfigError as e:
             raise ConfigError(str(e)) from e
         cores = available_cores()
-        served = sum(m.task is not None for m in self.models.values())
-        instances = resolve_instances(self.settings.model_instances, self.device, served, cores)
-        self.threads = session_threads(self.settings.intra_op_threads, max(1, served) * instances, cores)
+        instances = resolve_instances(self.settings.model_instances, self.device, cores)
+        self.threads = session_threads(self.settings.intra_op_threads, instances, cores)
         if self.device == "cpu":
             # Every model's batches share the cores: as many at once as the cores hold sessions
             # (or an explicit MODEL_INSTANCES, which one model may then use to the full).
-            self.compute = asyncio.Semaphore(max(1, cores // self.threads, self.settings.model_instances))
+            self.compute = ComputeSlots(max(1, cores // self.threads, self.settings.model_instances))
         log.info(
             "models discovered",
             extra={
@@ -185,12 +185,12 @@ class Registry:
         return None
 
     def plan(self) -> SessionPlan:
-        """Sessions for the next model loaded: threads are the same for every model (so the compute
-        slots hold), instances follow how many models are in service."""
+        """Sessions for the next model loaded: the same for every model (so the compute slots hold),
+        whichever others are loaded: an idle model takes no core from a busy one."""
         assert self.device is not None
         cores = available_cores()
         serving = sum(m.status not in ("unloaded", "failed") for m in self.models.values())
-        instances = resolve_instances(self.settings.model_instances, self.device, max(1, serving), cores)
+        instances = resolve_instances(self.settings.model_instances, self.device, cores)
         sessions = serving * instances
         tuning = SessionTuning(
             spinning={"on": True, "off": False}.get(self.settings.ort_spinning, sessions <= 1),
@@ -200,9 +200,9 @@ class Registry:
             arena_shrinkage=self.settings.ort_arena_shrinkage and self.settings.ort_cpu_arena,
             shrink_above_tokens=self.settings.ort_shrink_above_tokens,
         )
-        # One model alone on the CPU with several single-core sessions: a lone batch may have them all.
+        # Several single-core sessions: a batch alone on the device may have every core.
         solo = self.threads * instances if self.settings.solo_session and self.device == "cpu" else 0
-        if serving > 1 or instances < 2 or solo > cores:
+        if instances < 2 or solo > cores:
             solo = 0
         return SessionPlan(self.device, self.threads, instances, tuning, solo)
 

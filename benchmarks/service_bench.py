@@ -217,11 +217,12 @@ def run_server(kind: str, endpoint: str, bundle: Path, checkpoint: Path, args) -
     """Start one server, load it at every concurrency level, stop it."""
     port = common.free_port()
     url = f"http://127.0.0.1:{port}"
-    if kind in OUR_SERVERS:
+    if kind in OUR_SERVERS or kind in args.ablations:
         models_dir = args.work_dir / "models-dir" / endpoint
         command, env = our_server(bundle, port, args, models_dir, beside=kind == "ours-defaults")
         if kind == "ours-no-solo":
             env["SOLO_SESSION"] = "false"
+        env.update(args.ablations.get(kind, {}))
     elif kind == "ort":
         command, env = ort_server(endpoint, bundle, port, args)
     else:
@@ -301,6 +302,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra setting for our server, e.g. MAX_WAIT_MS=0 (repeatable)",
     )
     p.add_argument(
+        "--ablation",
+        action="append",
+        default=[],
+        metavar="NAME:SETTING=VALUE[,SETTING=VALUE]",
+        help="one more server, ours-NAME: our server with these settings, alternated with the others "
+        "(repeatable), e.g. quiet:LOG_LEVEL=WARNING",
+    )
+    p.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -331,9 +340,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.servers = [s for s in args.servers.split(",") if s]
     if set(args.endpoints) - set(ENDPOINTS) or not args.endpoints:
         p.error(f"--endpoints must name some of {ENDPOINTS}")
-    if set(args.servers) - set(SERVERS) or not args.servers:
+    try:
+        args.ablations = {
+            f"ours-{name}": dict(item.split("=", 1) for item in settings.split(","))
+            for name, _, settings in (a.partition(":") for a in args.ablation)
+        }
+    except ValueError:
+        p.error("--ablation takes NAME:SETTING=VALUE[,SETTING=VALUE]")
+    args.servers += [kind for kind in args.ablations if kind not in args.servers]
+    if set(args.servers) - set(SERVERS) - set(args.ablations) or not args.servers:
         p.error(f"--servers must name some of {SERVERS}")
-    if "embed" in args.endpoints and set(args.servers) - set(OUR_SERVERS):
+    if "embed" in args.endpoints and set(args.servers) - set(OUR_SERVERS) - set(args.ablations):
         p.error(f"/embed has no plain ORT or pipeline peer here: --servers must name some of {OUR_SERVERS}")
     try:
         args.server_env = dict(item.split("=", 1) for item in args.server_env)

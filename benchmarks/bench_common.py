@@ -1,8 +1,7 @@
-"""Helpers shared by the service-level benchmarks (service_bench, qa_vs_pipeline, scaling).
-
-Default model locations, the checkpoint a bundle was built from, MiniLM development models
-with random heads (until the fine-tuned defaults exist), machine description, line fits and
-result writing. Torch is imported only where a checkpoint is built.
+"""What every benchmark shares: default model locations, the checkpoint a bundle was built from,
+MiniLM development models with random heads and the tests' tiny models, the machine description,
+line fits, the one timing loop, the one results writer, the one free port and the one server
+launcher. Torch is imported only where a checkpoint is built.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import math
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = ROOT / ".cache" / "bench"
+TINY_MODELS = ROOT / ".cache" / "soak" / "tiny-models"
 
 # task -> (bundle name made by `python -m export.defaults`, training run under runs/)
 DEFAULT_MODELS = {
@@ -79,17 +80,7 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
     except ImportError:
         pass
-    packages = (
-        "torch",
-        "onnxruntime",
-        "onnx",
-        "transformers",
-        "numpy",
-        "fastapi",
-        "uvicorn",
-        "tokenizers",
-        "psutil",
-    )
+    packages = "torch onnxruntime onnx transformers numpy fastapi uvicorn tokenizers psutil".split()
     for package in packages:
         try:
             info["versions"][package] = metadata.version(package)
@@ -200,6 +191,33 @@ def build_dev_models(tasks: Sequence[str], work: Path = WORK) -> dict[str, tuple
     return out
 
 
+def build_tiny_models(root: Path = TINY_MODELS) -> Path:
+    """Four tiny random bundles (the test suite's), built once: a smoke run needs no real model."""
+    if root.is_dir() and len(list(root.glob("*/bundle.json"))) == 4:
+        return root
+    from export import export_bundle
+    from model.tiny import make_tiny_checkpoint
+
+    for task in ("classify", "ner", "multiple-choice", "qa"):
+        checkpoint = make_tiny_checkpoint(task, root.parent / "tiny-checkpoints" / task)
+        export_bundle(checkpoint, root / task, max_seq_len=64, name=f"tiny-{task}", overwrite=True)
+    return root
+
+
+def timed(
+    fn: Callable[[], Any], runs: int, budget_s: float = math.inf, min_runs: int = 1
+) -> tuple[Any, list[float]]:
+    """Call `fn` up to `runs` times, stopping after `budget_s` once `min_runs` ran: (last result, seconds)."""
+    times: list[float] = []
+    result = None
+    deadline = time.perf_counter() + budget_s
+    while len(times) < runs and (len(times) < min_runs or time.perf_counter() < deadline):
+        started = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - started)
+    return result, times
+
+
 def linear_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
     """Least squares y = intercept + slope * x, with R²."""
     n = len(x)
@@ -227,8 +245,6 @@ def now() -> str:
 
 def repo_relative(text: str) -> str:
     """Results hold commands others can run: `python`, paths relative to the repository."""
-    import sys
-
     text = text.replace(sys.executable, "python")
     text = text.replace(f"{ROOT}/", "").replace(str(ROOT), ".")
     return text.replace(f"{ROOT.parent / 'shared'}/", "../shared/")
@@ -343,9 +359,15 @@ def wait_until_ready(proc: subprocess.Popen, url: str, timeout_s: float, log_pat
 
 @contextmanager
 def server(
-    command: list[str], env: dict[str, str], log_path: Path, url: str, ready_timeout: float
+    command: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    url: str,
+    ready_timeout: float,
+    outcome: dict[str, Any] | None = None,
 ) -> Iterator[int]:
-    """Start a server process, wait for GET /ready, yield its pid; SIGTERM (then kill) on exit."""
+    """Start a server process, wait for GET /ready, yield its pid; SIGTERM (then kill) on exit, with
+    its exit status in `outcome["exit_code"]`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -357,7 +379,25 @@ def server(
         finally:
             proc.terminate()
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            if outcome is not None:
+                outcome["exit_code"] = proc.returncode
+
+
+def serve_ours(
+    models_dir: Path,
+    log_path: Path,
+    ready_timeout: float = 300,
+    outcome: dict[str, Any] | None = None,
+    **env: str,
+) -> tuple[str, Any]:
+    """Our service (`uvicorn app.main:app`) on MODELS_DIR=models_dir and a free loopback port, with
+    other settings as environment variables: (its URL, the `server` context that runs it)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    env = {"MODELS_DIR": str(models_dir), "LOG_LEVEL": "WARNING", **env}
+    return url, server(command, env, log_path, url, ready_timeout, outcome)

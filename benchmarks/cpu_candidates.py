@@ -120,9 +120,30 @@ def openvino(python: str, fp32: Path, qdq: Path | None, reference: dict, work: P
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def bert_base_random(out: Path, layers: int = 12) -> Path:
+    """A classify checkpoint of BERT-base shape with random (seeded) weights and MiniLM's vocab."""
+    import torch
+
+    from model.bert import BertForSequenceClassification
+    from model.checkpoint import copy_tokenizer_files, minilm_package_dir
+    from model.config import BertConfig
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=768,
+        num_hidden_layers=layers,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        task="classify",
+        id2label={0: "negative", 1: "positive"},
+    )
+    BertForSequenceClassification(config).save_pretrained(out)
+    copy_tokenizer_files(minilm_package_dir(), out)  # same 30522-token uncased vocab
+    return out
+
+
 def bert_base(work: Path, quick: bool) -> dict[str, Candidate]:
     """BERT-base shape (random weights) exported with the bundle variants."""
-    from benchmarks.export_latency import bert_base_random
     from export import export_bundle
 
     layers = 2 if quick else 12

@@ -92,11 +92,7 @@ def serve_variant(bundle: Path, variant: str, work: Path, **settings: str):
     link = models / bundle.name
     link.unlink(missing_ok=True)
     link.symlink_to(bundle.resolve(), target_is_directory=True)
-    port = common.free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
-    env = {"MODELS_DIR": str(models), "CPU_VARIANT": variant, "LOG_LEVEL": "WARNING", **settings}
-    return url, common.server(command, env, work / f"{variant}.log", url, ready_timeout=300)
+    return common.serve_ours(models, work / f"{variant}.log", CPU_VARIANT=variant, **settings)
 
 
 def main(argv: list[str] | None = None) -> None:

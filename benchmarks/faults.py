@@ -37,6 +37,7 @@ from typing import Any
 
 from benchmarks.bench_common import (
     RESULTS,
+    build_tiny_models,
     free_port,
     machine_info,
     machine_line,
@@ -68,7 +69,6 @@ class Timing:
 # The tiny bundles have 64-token windows, so a long QA context is dozens of queued items: a deep
 # queue keeps shedding (429, not what these runs are about) out of the way, as in test_live_server.
 TINY_ENV = {"MAX_QUEUE": "8192"}
-MAX_PLOTTED = 3_000  # requests per phase kept in the JSON for the plot (evenly spaced)
 QUICK = Timing(steady_requests=300, kill_after_s=1.5, down_for_s=1.5, tail_s=1.5, max_phase_s=60.0)
 
 
@@ -111,20 +111,26 @@ class Phase:
             },
         }
 
-    def timeline(self) -> list[str]:
-        """One "t_s,latency_ms,ok,endpoint" line per request (at most MAX_PLOTTED, evenly spaced), for
-        the plot; text lines keep the JSON short."""
-        step = 1 + len(self.samples) // MAX_PLOTTED
-        return [
-            f"{s.sent_at - self.started:.3f},{s.latency_s * 1000:.2f},"
-            f"{int(s.status.startswith('2') and s.schema_error is None)},{s.endpoint}"
-            for s in self.samples[::step]
-        ]
+    def timeline(self) -> list[dict[str, Any]]:
+        """Per second of the phase (by send time): requests, failures, p50 and p99 ms, for the plot."""
+        return bin_timeline(
+            [(s.sent_at - self.started, s.latency_s, s.status.startswith("2") and s.schema_error is None)
+             for s in self.samples]
+        )  # fmt: skip
 
 
-def parse_timeline(lines: list[str]) -> list[tuple[float, float, bool, str]]:
-    rows = [line.split(",") for line in lines]
-    return [(float(t), float(ms), ok == "1", endpoint) for t, ms, ok, endpoint in rows]
+def bin_timeline(rows: list[tuple[float, float, bool]], width_s: float = 1.0) -> list[dict[str, Any]]:
+    """(seconds since the phase started, latency in seconds, ok) -> one summary per `width_s` bin."""
+    bins: dict[int, list[tuple[float, bool]]] = {}
+    for t, latency, ok in rows:
+        bins.setdefault(int(t // width_s), []).append((latency, ok))
+    out = []
+    for i in sorted(bins):
+        stats = percentiles([latency for latency, _ in bins[i]])
+        failed = sum(not ok for _, ok in bins[i])
+        out.append({"t_s": i * width_s, "requests": len(bins[i]), "failed": failed,
+                    "p50_ms": stats["p50"], "p99_ms": stats["p99"]})  # fmt: skip
+    return out
 
 
 async def under_load(
@@ -143,7 +149,7 @@ async def under_load(
     return phase
 
 
-def kill9(stack: LocalStack, index: int, timing: Timing) -> Callable[[Phase], Awaitable[None]]:
+def kill9(stack: Any, index: int, timing: Timing) -> Callable[[Phase], Awaitable[None]]:
     async def inject(phase: Phase) -> None:
         await asyncio.sleep(timing.kill_after_s)
         stack.signal_replica(index, signal.SIGKILL)
@@ -158,7 +164,7 @@ def kill9(stack: LocalStack, index: int, timing: Timing) -> Callable[[Phase], Aw
     return inject
 
 
-def rolling_restart(stack: LocalStack, timing: Timing) -> Callable[[Phase], Awaitable[None]]:
+def rolling_restart(stack: Any, timing: Timing) -> Callable[[Phase], Awaitable[None]]:
     async def inject(phase: Phase) -> None:
         await asyncio.sleep(timing.kill_after_s)
         for index in sorted(stack.replicas):
@@ -192,7 +198,7 @@ def prometheus_query(url: str, expr: str) -> list[dict[str, Any]]:
     return body["data"]["result"]
 
 
-def scraped_state(stack: LocalStack) -> dict[str, Any]:
+def scraped_state(stack: Any) -> dict[str, Any]:
     url = stack.prometheus_url
     up = {r["metric"]["instance"]: r["value"][1] == "1" for r in prometheus_query(url, 'up{job="bert-api"}')}
     (total,) = prometheus_query(url, f"sum(bert_requests_total{INFERENCE})") or [{"value": [0, "0"]}]
@@ -203,13 +209,13 @@ def scraped_state(stack: LocalStack) -> dict[str, Any]:
     return {"targets_up": up, "requests_counted": int(float(total["value"][1])), "by_status": by_status}
 
 
-def wait_for_scrape(stack: LocalStack, expected_requests: int, timeout_s: float) -> dict[str, Any]:
+def wait_for_scrape(stack: Any, expected_requests: int, timeout_s: float) -> dict[str, Any]:
     """Poll Prometheus until every replica is up and the counters reach the clients' count (or timeout)."""
-    wanted = {f"127.0.0.1:{port}" for port in stack.config.replica_ports}
     deadline = time.monotonic() + timeout_s
     while True:
         state = scraped_state(stack)
-        done = set(state["targets_up"]) == wanted and all(state["targets_up"].values())
+        up = state["targets_up"]
+        done = len(up) == len(stack.replicas) and all(up.values())
         if (done and state["requests_counted"] >= expected_requests) or time.monotonic() > deadline:
             state["expected_requests"] = expected_requests
             state["all_targets_up"] = done
@@ -232,32 +238,30 @@ def evaluate_dashboard(prometheus_url: str, rate_interval: str = "30s") -> dict[
 class AccessLog:
     """Requests nginx passed to more than one replica (`up=a, b` in the access log) since a mark."""
 
-    def __init__(self, path: Path):
-        self.path, self.offset = path, 0
+    def __init__(self, read: Callable[[], str]):
+        self.read, self.offset = read, 0
 
     def mark(self) -> None:
-        self.offset = self.path.stat().st_size if self.path.exists() else 0
+        self.offset = len(self.read())
 
     def retried(self) -> int:
-        with self.path.open(encoding="utf-8", errors="replace") as log:
-            log.seek(self.offset)
-            return sum(1 for line in log if re.search(r" up=[^ ]+, ", line))
+        return sum(1 for line in self.read()[self.offset :].splitlines() if re.search(r" up=[^ ]+, ", line))
 
 
 # ------------------------------------------------------------------------------------------ the run
-async def run_phases(stack: LocalStack, clients: int, timing: Timing) -> dict[str, Any]:
+async def run_phases(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
     def load(seed: int) -> LoadConfig:
         return LoadConfig(
             url=stack.url, concurrency=clients, duration_s=timing.max_phase_s, timeout_s=60.0, seed=seed
         )
 
-    log = AccessLog(stack.run_dir / "nginx-access.log")
+    log = AccessLog(stack.nginx_log)
     results: dict[str, Any] = {}
     phases: list[Phase] = []
     for seed, (name, faults) in enumerate(
         [
             ("steady", steady(timing.steady_requests)),
-            ("kill9", kill9(stack, 1, timing)),
+            ("kill9", kill9(stack, sorted(stack.replicas)[1], timing)),
             ("rolling_restart", rolling_restart(stack, timing)),
         ]
     ):
@@ -288,14 +292,8 @@ def checks(results: dict[str, Any]) -> dict[str, bool]:
     }
 
 
-def run_stack(
-    models_dir: Path,
-    run_dir: Path,
-    clients: int,
-    timing: Timing,
-    nginx_conf: Path = NGINX_CONF,
-    **env: str,
-) -> dict[str, Any]:
+def local_stack(models_dir: Path, run_dir: Path, nginx_conf: Path = NGINX_CONF, **env: str) -> LocalStack:
+    """The compose topology as host processes (deploy/local/stack.py)."""
     config = StackConfig(
         nginx_conf=nginx_conf,
         models_dir=models_dir,
@@ -305,7 +303,11 @@ def run_stack(
         prometheus_port=free_port(),
         env=env,
     )
-    stack = LocalStack(config)
+    return LocalStack(config)
+
+
+def run_stack(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
+    """Start `stack` (a LocalStack or deploy/podman/stack.py's ComposeStack), fault it under load, stop it."""
     started = time.monotonic()
     stack.start()
     startup_s = time.monotonic() - started
@@ -385,15 +387,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     timelines = report["results"]["timelines"]
     fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 3.6 * len(timelines)), squeeze=False)
-    for ax, (name, lines) in zip(axes[:, 0], timelines.items(), strict=True):
-        rows = parse_timeline(lines)
-        for endpoint in sorted({row[3] for row in rows}):
-            ok = [(t, ms) for t, ms, good, ep in rows if good and ep == endpoint]
-            if ok:
-                ax.scatter(*zip(*ok, strict=True), s=4, alpha=0.5, label=f"/{endpoint}")
-        bad = [(t, ms) for t, ms, good, _ in rows if not good]
-        if bad:
-            ax.scatter(*zip(*bad, strict=True), s=18, c="red", marker="x", label="failed")
+    for ax, (name, bins) in zip(axes[:, 0], timelines.items(), strict=True):
+        t = [b["t_s"] for b in bins]
+        ax.plot(t, [b["p50_ms"] for b in bins], label="p50 per second")
+        ax.plot(t, [b["p99_ms"] for b in bins], label="p99 per second")
+        failed = [(b["t_s"], b["p99_ms"]) for b in bins if b["failed"]]
+        if failed:
+            ax.scatter(*zip(*failed, strict=True), s=24, c="red", marker="x", label="a second with failures")
         for i, event in enumerate(report["results"][name]["events"]):
             ax.axvline(event["t_s"], color="grey", linestyle="--", linewidth=0.8)
             height = 0.98 if i % 2 == 0 else 0.45  # staggered: events often come in pairs
@@ -419,6 +419,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="the test suite's tiny random bundles (plumbing only)")
     p.add_argument("--quick", action="store_true", help="short phases (the test suite's timing)")
     p.add_argument("--clients", type=int, default=32)
+    p.add_argument(
+        "--stack",
+        choices=["local", "compose"],
+        default="local",
+        help="local: host processes (deploy/local/stack.py); compose: deploy/docker-compose.yml as "
+        "containers with podman-compose (deploy/podman/stack.py), on the built image and its own bundles",
+    )
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="a replica setting")
     p.add_argument(
         "--nginx-conf-rev",
@@ -434,30 +441,41 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     models_dir, env = args.models_dir, {}
     if args.tiny:
-        from benchmarks.soak import TINY_MODELS, build_tiny_models
-
-        models_dir = build_tiny_models(TINY_MODELS)
+        models_dir = build_tiny_models()
         env = dict(TINY_ENV)
     env |= dict(item.split("=", 1) for item in args.env)
-    if not list(models_dir.glob("*/bundle.json")):
+    if args.stack == "local" and not list(models_dir.glob("*/bundle.json")):
         raise SystemExit(f"no bundles in {models_dir}: run `make models` (or pass --tiny)")
     timing = QUICK if args.quick else Timing()
     machine = machine_info()
-    with tempfile.TemporaryDirectory(prefix="faults-") as run_dir:
-        nginx_conf = NGINX_CONF
-        if args.nginx_conf_rev:
-            nginx_conf = Path(run_dir) / "nginx.source.conf"
-            show = ["git", "show", f"{args.nginx_conf_rev}:deploy/nginx/nginx.conf"]
-            nginx_conf.write_text(
-                subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout
-            )
-        results = run_stack(models_dir, Path(run_dir) / "stack", args.clients, timing, nginx_conf, **env)
+    if args.stack == "compose":
+        from deploy.podman.stack import ComposeStack
+
+        results = run_stack(
+            ComposeStack(http_port=free_port(), prometheus_port=free_port()), args.clients, timing
+        )
+    else:
+        with tempfile.TemporaryDirectory(prefix="faults-") as run_dir:
+            nginx_conf = NGINX_CONF
+            if args.nginx_conf_rev:
+                nginx_conf = Path(run_dir) / "nginx.source.conf"
+                show = ["git", "show", f"{args.nginx_conf_rev}:deploy/nginx/nginx.conf"]
+                nginx_conf.write_text(
+                    subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+                )
+            stack = local_stack(models_dir, Path(run_dir) / "stack", nginx_conf, **env)
+            results = run_stack(stack, args.clients, timing)
     command = " ".join(["python -m benchmarks.faults", *(argv if argv is not None else sys.argv[1:])])
     report = {
         "command": command.strip(),
         "date": now(),
+        "stack": "deploy/docker-compose.yml as containers (podman-compose)"
+        if args.stack == "compose"
+        else "host processes (deploy/local/stack.py)",
         "models": "tiny test bundles"
         if args.tiny
+        else "the image's five defaults"
+        if args.stack == "compose"
         else ", ".join(sorted(p.parent.name for p in models_dir.glob("*/bundle.json"))),
         "nginx_conf": f"deploy/nginx/nginx.conf as of {args.nginx_conf_rev or 'this commit'}",
         "replicas": 3,

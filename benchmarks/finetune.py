@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -22,18 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import bench_common as common
+
 REPO = Path(__file__).resolve().parent.parent
 
 BASE = "minilm"
 COMMON = ["--freeze-embeddings", "--no-progress", "--log-every", "50"]
-
-
-def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """bf16 autocast pays only with native bf16 matmuls (AVX512-BF16 or AMX). On an AVX2-only CPU
-    a MiniLM training step measured 16.5x slower in bf16 than in fp32 (benchmarks/train_precision.py)."""
-    from export.int8_precision import cpu_flags
-
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags(cpuinfo))
 
 
 def recipes(data: Path) -> dict[str, dict]:
@@ -220,16 +213,11 @@ def one_task(name: str, recipe: dict, args: argparse.Namespace) -> dict:
     }
 
 
-def write_results(results: dict, path: Path) -> None:
+def merge_results(results: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text()) if path.exists() else {}
     merged = {**old.get("tasks", {}), **results}
-    machine = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-    }
-    path.write_text(json.dumps({"machine": machine, "tasks": merged}, indent=2) + "\n")
+    machine = common.machine_info()
     live = live_results(path.parent / "live_quality.json")
     lines = [
         "| task | metric | full fine-tune | compact (rebuilt) | cost (full − compact) | through the service "
@@ -253,7 +241,8 @@ def write_results(results: dict, path: Path) -> None:
     lines.append("Training commands:\n")
     for name, r in merged.items():
         lines.append(f"- {name}: " + ", then ".join(f"`{command}`" for command in r["train_commands"]))
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report = {"machine": machine, "tasks": merged}
+    common.write_results(path.parent, path.stem, report, "\n".join(lines), None)
 
 
 def live_results(path: Path) -> dict:
@@ -279,6 +268,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "finetune.json")
     args = parser.parse_args()
     if args.precision == "auto":
+        from train.trainer import cpu_has_fast_bf16
+
         args.precision = "bf16" if cpu_has_fast_bf16() else "fp32"
     if not args.data.exists():
         print(f"{args.data} is absent: nothing to fine-tune on; skipping")
@@ -289,7 +280,7 @@ def main() -> None:
     results = {}
     for name in args.tasks.split(","):
         results[name] = one_task(name, all_recipes[name], args)
-        write_results({name: results[name]}, args.out)
+        merge_results({name: results[name]}, args.out)
         print(
             json.dumps({k: results[name][k] for k in ("full_finetune", "compact", "compact_bytes")}, indent=2)
         )

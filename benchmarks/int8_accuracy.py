@@ -19,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.bench_common import write_results
 from benchmarks.finetune import recipes
 from train.evaluate import evaluate_bundle, select_examples
 
@@ -88,10 +89,10 @@ def main() -> None:
             "summary": summarize(metric, scores),
         }
         print(recipe["bundle"], json.dumps(results[recipe["bundle"]]["summary"]), flush=True)
-    print(write_results(results, args.out))
+    print(merge_results(results, args.out))
 
 
-def write_results(results: dict, path: Path) -> str:
+def merge_results(results: dict, path: Path) -> str:
     """Merge into earlier results (a `--tasks` or `--variants` subset keeps the other bundles' and
     variants' scores); returns the table."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,7 +100,6 @@ def write_results(results: dict, path: Path) -> str:
     for bundle, line in results.items():
         scores = {**merged.get(bundle, {}).get("scores", {}), **line["scores"]}
         merged[bundle] = {**line, "scores": scores, "summary": summarize(line["metric"], scores)}
-    path.write_text(json.dumps(merged, indent=2) + "\n")
     lines = [
         "| bundle | metric | variant | batched | one at a time | cost vs fp32 (batched / one at a time) |",
         "|---|---|---|---|---|---|",
@@ -111,7 +111,7 @@ def write_results(results: dict, path: Path) -> str:
             costs = " / ".join(f"{cost[m]:+.4f}" for m in ("batched", "single") if m in cost) or "reference"
             lines.append(f"| {bundle} | {r['metric']} | {variant} | {cells[0]} | {cells[1]} | {costs} |")
     table = "\n".join(lines)
-    path.with_suffix(".md").write_text(table + "\n")
+    write_results(path.parent, path.stem, merged, table, None)
     return table
 
 

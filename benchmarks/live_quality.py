@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -49,12 +48,9 @@ def main() -> None:
         return
     all_recipes = recipes(args.data)
     names = args.tasks.split(",")
-    port = common.free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
-    env = {"MODELS_DIR": str(args.bundles), "LOG_LEVEL": "WARNING"}
+    url, running = common.serve_ours(args.bundles, common.WORK / "live_quality.log")
     results = {}
-    with common.server(command, env, args.out.with_suffix(".log"), url, ready_timeout=300):
+    with running:
         variants = served_variants(url)
         for name in names:
             recipe = all_recipes[name]
@@ -84,16 +80,16 @@ def main() -> None:
             recipe["data"],
             label_names=recipe.get("label_names"),
         )
-    print(write_results(results, args.out))
+    print(merge_results(results, args.out))
 
 
-def write_results(results: dict, path: Path) -> str:
+def merge_results(results: dict, path: Path) -> str:
     """Merge into earlier results (a `--tasks` subset keeps the others); returns the table."""
     path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text())["tasks"] if path.exists() else {}
     merged = {**old, **results}
     machine = common.machine_info()
-    path.write_text(json.dumps({"command": COMMAND, "machine": machine, "tasks": merged}, indent=2) + "\n")
+    report = {"command": COMMAND, "machine": machine, "tasks": merged}
     lines = [
         "| default | metric | offline (bundle, batched) | through the service | service − offline | examples "
         "| variant | validation data |",
@@ -107,10 +103,11 @@ def write_results(results: dict, path: Path) -> str:
             f"| {r['examples']} | {r['variant']} | `{r['validation']}` |"
         )
     table = "\n".join(lines)
-    path.with_suffix(".md").write_text(
+    intro = (
         f"Measured by `{COMMAND}`: one HTTP request per example to the live service on the default "
-        "bundles with default settings, scored by `python -m train.evaluate --url`.\n\n" + table + "\n"
+        "bundles with default settings, scored by `python -m train.evaluate --url`.\n\n"
     )
+    common.write_results(path.parent, path.stem, report, intro + table, None)
     return table
 
 

@@ -36,14 +36,14 @@ from app.backend.runtime import choose_variant
 from benchmarks.bench_common import (
     RESULTS,
     WORK,
+    build_tiny_models,
     default_bundle,
-    free_port,
     machine_info,
     machine_line,
     now,
     pyplot,
     require_bundle,
-    server,
+    serve_ours,
     tree_rss_mb,
     write_results,
 )
@@ -166,7 +166,7 @@ async def drive(
             event["memory_mb"] = body["model"]["memory_mb"]
         else:
             event["error"] = body.get("error")
-            event["message"] = without_machine_paths(body.get("message"))
+            event["message"] = body.get("message")  # write_results makes its paths repo-relative
         events.append(event)
         label = f"{version} (corrupted)" if corrupted else str(version)
         print(f"  t={t_offer:5.1f}s version {label}: {status} in {seconds:.2f}s", flush=True)
@@ -343,18 +343,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--name", default=None, help="results file stem (default model_swap[_quick])")
     args = parser.parse_args(argv)
     if args.quick:
-        from benchmarks.soak import build_tiny_models
-
-        args.bundle = args.bundle or build_tiny_models(ROOT / ".cache" / "soak" / "tiny-models") / "classify"
+        args.bundle = args.bundle or build_tiny_models() / "classify"
         args.clients, args.duration = min(args.clients, 8), min(args.duration, 8.0)
     args.bundle = require_bundle(args.bundle or default_bundle("classify"), "classify")
     args.name = args.name or ("model_swap_quick" if args.quick else "model_swap")
     return args
-
-
-def without_machine_paths(value: Any) -> Any:
-    """Server answers name files by absolute path; results files name them from the repository."""
-    return json.loads(json.dumps(value).replace(f"{ROOT}/", ""))
 
 
 def relative(path: Path) -> str:
@@ -370,15 +363,14 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(models_dir, ignore_errors=True)
     models_dir.mkdir(parents=True)
     write_version(models_dir, args.bundle, 1)
-    port, key = free_port(), secrets.token_hex(16)
-    env = {"MODELS_DIR": str(models_dir), "ADMIN_API_KEY": key, "LOG_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    key = secrets.token_hex(16)
+    url, running = serve_ours(models_dir, args.work / "server.log", 120, ADMIN_API_KEY=key)
     machine = machine_info()
     print(
         f"model_swap: {args.clients} clients for {args.duration:.0f} s on {relative(args.bundle)}", flush=True
     )
-    with server(command, env, args.work / "server.log", f"http://127.0.0.1:{port}", 120) as pid:
-        run = asyncio.run(drive(args, port, key, models_dir, pid))
+    with running as pid:
+        run = asyncio.run(drive(args, int(url.rsplit(":", 1)[1]), key, models_dir, pid))
     verdict = judge(run["samples"], run["served_versions"], run["events"])
     command_line = "python -m benchmarks.model_swap" + " ".join(
         [""] + [a for a in (argv if argv is not None else sys.argv[1:])]
@@ -393,9 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": args.duration,
         "served_versions": run["served_versions"],
         "events": run["events"],
-        "final_model": without_machine_paths(
-            {k: run["final_model"].get(k) for k in ("version", "status", "memory_mb", "versions")}
-        ),
+        "final_model": {k: run["final_model"].get(k) for k in ("version", "status", "memory_mb", "versions")},
         "latency_ms": latency_summary(run["samples"], [e["offered_at_s"] for e in run["events"]]),
         "verdict": verdict,
         "timeline": timeline(run["samples"], args.duration),

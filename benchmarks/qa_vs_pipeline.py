@@ -28,7 +28,6 @@ import argparse
 import random
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,11 +42,7 @@ Reader = Callable[[str, str], dict[str, Any]]  # (question, context) -> {"text",
 
 
 def timed(reader: Reader, question: str, context: str, repeats: int) -> tuple[dict[str, Any], float]:
-    times, answer = [], {}
-    for _ in range(repeats):
-        started = time.perf_counter()
-        answer = reader(question, context)
-        times.append(time.perf_counter() - started)
+    answer, times = common.timed(lambda: reader(question, context), repeats)
     return answer, statistics.median(times)
 
 

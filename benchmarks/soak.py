@@ -1,7 +1,7 @@
 """Soak test: the real server at half its saturating rate for a long time, watching memory and errors.
 
     .venv/bin/python -m benchmarks.soak --models-dir models                  # 30 minutes
-    .venv/bin/python -m benchmarks.soak --tiny --duration 60 --name soak_smoke  # 1-minute smoke run
+    .venv/bin/python -m benchmarks.soak --tiny --duration 60 --name soak_quick  # 1-minute smoke run
 
 Starts `uvicorn app.main:app` on loopback with MODELS_DIR (other settings from the environment or
 --server-env), finds the saturating rate with a short closed-loop run of benchmarks/loadgen.py's
@@ -9,7 +9,6 @@ request mix, then sends that mix open loop at --fraction of it (default 50%) for
 sampling the server's RSS every --sample-every seconds. Passes (exit 0) when no request failed or
 was dropped and RSS grew less than --max-growth-pct from the end of the warm-up to the end
 (medians of a few minutes at each end, so a transient batch allocation is not counted as growth).
-`--rescore FILE.json` recomputes the verdict of a saved run.
 Writes benchmarks/results/<name>.{json,md,png}.
 """
 
@@ -17,57 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_common import repo_relative
-from benchmarks.loadgen import LoadConfig, parse_mix, run_load, wait_ready
-
-ROOT = Path(__file__).resolve().parents[1]
-
-RESULTS = ROOT / "benchmarks" / "results"
-TINY_MODELS = ROOT / ".cache" / "soak" / "tiny-models"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def build_tiny_models(root: Path) -> Path:
-    """Four tiny random bundles (the test suite's), built once: a smoke run needs no real model."""
-    if root.is_dir() and len(list(root.glob("*/bundle.json"))) == 4:
-        return root
-    from export import export_bundle
-    from tests.helpers.tiny import make_tiny_checkpoint
-
-    for task in ("classify", "ner", "multiple-choice", "qa"):
-        checkpoint = make_tiny_checkpoint(task, root.parent / "tiny-checkpoints" / task)
-        export_bundle(checkpoint, root / task, max_seq_len=64, name=f"tiny-{task}", overwrite=True)
-    return root
-
-
-def start_server(models_dir: Path, port: int, extra_env: dict[str, str], log_path: Path) -> subprocess.Popen:
-    env = {**os.environ, "MODELS_DIR": str(models_dir), "LOG_LEVEL": "WARNING", **extra_env}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+from benchmarks import bench_common as common
+from benchmarks.loadgen import LoadConfig, parse_mix, run_load
 
 
 def rss_growth(samples: list[dict[str, float]], warmup_s: float) -> dict[str, float | None]:
@@ -105,28 +63,6 @@ def rss_growth(samples: list[dict[str, float]], warmup_s: float) -> dict[str, fl
     }
 
 
-def rescore(path: Path) -> int:
-    """Recompute the RSS verdict of a saved run (e.g. after the criterion changed) and rewrite it."""
-    report = json.loads(path.read_text(encoding="utf-8"))
-    previous = report["rss"]
-    report["rss"] = rss_growth(report["samples"], report["warmup_s"])
-    report["rss"]["rescored_from"] = previous
-    report["checks"]["rss_growth_ok"] = report["rss"]["growth_pct"] < report["max_growth_pct"]
-    report["passed"] = all(report["checks"].values())
-    write_report(report, path.parent, path.stem)
-    with open(path.with_suffix(".md"), "a", encoding="utf-8") as md:
-        md.write(
-            f"\nRescored by `benchmarks/soak.py --rescore {path.name}` with the windowed-median criterion; "
-            f"the run's own single-sample criterion had given {previous['growth_pct']:+}% "
-            f"(last sample on a transient spike).\n"
-        )
-    print(
-        f"{'PASS' if report['passed'] else 'FAIL'}: RSS {report['rss']['growth_pct']:+}% "
-        f"(was {previous['growth_pct']:+}%)"
-    )
-    return 0 if report["passed"] else 1
-
-
 async def sample_rss(pid: int, every_s: float, samples: list[dict[str, float]], stop: asyncio.Event) -> None:
     import psutil
 
@@ -161,11 +97,7 @@ async def soak(config: LoadConfig, pid: int, every_s: float) -> tuple[dict[str, 
     return report, samples
 
 
-def write_report(report: dict[str, Any], out_dir: Path, name: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(
-        repo_relative(json.dumps(report, indent=2)) + "\n", encoding="utf-8"
-    )
+def markdown(report: dict[str, Any]) -> str:
     load, rss, lat = report["load"], report["rss"], report["load"]["latency_ms"]
     verdict = "PASS" if report["passed"] else "FAIL"
     lines = [
@@ -201,14 +133,12 @@ def write_report(report: dict[str, Any], out_dir: Path, name: str) -> None:
         lines.append(
             f"| {s['t_s']} | {s['rss_mb']} | {s['cpu_percent']} | {s['threads']} | {s['open_files']} |"
         )
-    (out_dir / f"{name}.md").write_text(repo_relative("\n".join(lines)) + "\n", encoding="utf-8")
-    try:
-        import matplotlib
+    return "\n".join(lines)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    plt = common.pyplot()
+    verdict = "PASS" if report["passed"] else "FAIL"
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot([s["t_s"] for s in report["samples"]], [s["rss_mb"] for s in report["samples"]])
     ax.axvline(report["warmup_s"], linestyle="--", color="grey", label="end of warm-up")
@@ -217,7 +147,8 @@ def write_report(report: dict[str, Any], out_dir: Path, name: str) -> None:
     ax.set_title(f"Soak at {report['rate_rps']} req/s: {verdict}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out_dir / f"{name}.png", dpi=120)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -235,7 +166,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--endpoints", default="all", help="loadgen mix: 'all', 'classify,qa', 'classify=3,ner=1'")
     p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE", help="server setting")
     p.add_argument("--name", default="soak", help="results file name (default soak)")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, default=common.RESULTS)
     args = p.parse_args(argv)
     if (args.models_dir is None) == (not args.tiny):
         p.error("give --models-dir DIR or --tiny")
@@ -254,22 +185,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--rescore":
-        return rescore(Path(sys.argv[2]))
     args = parse_args(argv)
-    models_dir = build_tiny_models(TINY_MODELS) if args.tiny else args.models_dir.resolve()
+    models_dir = common.build_tiny_models() if args.tiny else args.models_dir.resolve()
     server_env = dict(item.split("=", 1) for item in args.server_env)
     if args.tiny:
         # 64-token windows turn one long loadgen QA context into hundreds of queued work items.
         server_env.setdefault("MAX_QUEUE", "8192")
     api_key = server_env.get("API_KEY") or os.environ.get("API_KEY") or None  # the server's, if it has one
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = ROOT / ".cache" / "soak" / f"{args.name}.server.log"
-    server = start_server(models_dir, port, server_env, log_path)
+    log_path = common.ROOT / ".cache" / "soak" / f"{args.name}.server.log"
+    outcome: dict[str, Any] = {}
+    url, running = common.serve_ours(models_dir, log_path, outcome=outcome, **server_env)
     mix = parse_mix(args.endpoints)
-    try:
-        asyncio.run(wait_ready(url, 300))
+    with running as pid:
         if args.rate:
             saturation = None
             rate = args.rate
@@ -293,14 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             seed=2,
             api_key=api_key,
         )
-        load, samples = asyncio.run(soak(config, server.pid, args.sample_every))
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            exit_code = server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            exit_code = server.wait()
+        load, samples = asyncio.run(soak(config, pid, args.sample_every))
+    exit_code = outcome["exit_code"]
     log_text = log_path.read_text(encoding="utf-8", errors="replace")
     warmup = args.warmup if args.warmup is not None else round(0.1 * args.duration, 1)
     rss = rss_growth(samples, warmup)
@@ -310,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         "clean_shutdown": exit_code in (0, -signal.SIGTERM) and "Traceback" not in log_text,
     }
     report = {
-        "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "benchmarks/soak.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "generated": common.now(),
+        "command": "python -m benchmarks.soak " + " ".join(sys.argv[1:] if argv is None else argv),
         "models_dir": str(models_dir),
         "server_env": {k: "***" if k == "API_KEY" else v for k, v in server_env.items()},
         "probe": {"concurrency": args.probe_concurrency, "duration_s": args.probe_duration},
@@ -330,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         "load": load,  # loadgen's report; its config masks the API key
         "samples": samples,
     }
-    write_report(report, args.out, args.name)
+    common.write_results(args.out, args.name, report, markdown(report), lambda path: plot(report, path))
     print(
         f"{'PASS' if report['passed'] else 'FAIL'}: {load['requests']} requests, {load['errors']} errors, "
         f"{load['dropped']} dropped; RSS {rss['baseline_mb']} -> {rss['final_mb']} MB "

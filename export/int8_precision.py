@@ -4,7 +4,7 @@ onnxruntime multiplies uint8 activations by int8 weights (int8-rowwise's MatMulI
 dynamic INT8's matmuls) with VNNI's or AMX's int32 dot products where the CPU has them: exact.
 Without them (AVX2, AVX-512 without VNNI) it adds pairs of products in 16 bits, which saturate
 (255 x 127 x 2 > 32,767): on an AVX2-only EPYC one [128, 384] x [384, 1536] matmul was off by up to
-111,651 (`python -m benchmarks.int8_exactness`), and the defaults lost up to 0.85 F1. onnxruntime's
+111,651 (docs/decisions.md), and the defaults lost up to 0.85 F1. onnxruntime's
 `session.x64quantprecision` rewrites the int8 weights to uint8 at load, which takes an exact
 widening kernel. It is asked for only where the CPU lacks VNNI/AMX: there it restores exactness,
 elsewhere the fast kernel already is exact. Serving (app.runtime) and offline evaluation and

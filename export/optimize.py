@@ -60,12 +60,12 @@ def _reason(op: str, leftovers: Counter, log_lines: list[str]) -> str:
 
 
 # onnxruntime 1.31's CPU SkipLayerNormalization kernel took 219 us on a 128 x 384 input where
-# Add + LayerNormalization took 30 us (one thread; benchmarks/results/ort_kernels.md): the int8
+# Add + LayerNormalization took 30 us (one thread; docs/decisions.md): the int8
 # MiniLM ran 16-21% faster without it. The CPU-only int8 variant therefore keeps them apart,
 # and its sessions must not let onnxruntime fuse them back at load time.
 SKIP_LAYER_NORM_NOTE = (
     "residual Add + LayerNormalization left unfused: onnxruntime's CPU SkipLayerNormalization kernel "
-    "is several times slower (benchmarks/ort_kernels.py)"
+    "is several times slower (docs/decisions.md)"
 )
 CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 

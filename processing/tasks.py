@@ -188,7 +188,7 @@ TASKS: dict[str, TaskSpec] = {
             token_axes=TOKENS,
             # The token states; processing/embed.py pools each row over its own tokens. Against
             # pooling inside the graph that is as fast and bit-identical alone and in any batch
-            # (benchmarks/results/embed_pooling.md).
+            # (docs/decisions.md).
             outputs=(("last_hidden_state", ("batch", "sequence", "hidden")),),
             # A row's text is the native request's `inputs`; its vector, row 0 of the bare-list answer.
             v2=V2(

@@ -18,8 +18,6 @@ LONGER: dict[str, str] = {
     "benchmarks/cpu_int8.py": "one benchmark: timing, invariance, accuracy, profile and targets of one run",
     "benchmarks/faults.py": "one benchmark: the fault phases under load, their verdict and report",
     "benchmarks/loadgen.py": "the load generator: closed/open-loop clients and their latency statistics",
-    "benchmarks/model_swap.py": "one benchmark: swapping versions under load, its verdict and report",
-    "benchmarks/pretrain.py": "one benchmark: corpus, vocabulary, two pretraining runs, fine-tunes, report",
     "train/features.py": "every task's training features and metrics, one class per task (like the heads)",
     "train/trainer.py": "the training loop: steps, evaluation, best checkpoint, resume, TensorBoard",
 }

@@ -246,6 +246,10 @@ class LocalStack:
     def log_tail(self, index: int, chars: int = 3000) -> str:
         return (self.run_dir / f"replica-{index}.log").read_text(errors="replace")[-chars:]
 
+    def nginx_log(self) -> str:
+        log = self.run_dir / "nginx-access.log"
+        return log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+
     def start(self) -> None:
         """Replicas first (ready), then nginx (checked with nginx -t), then Prometheus."""
         nginx_conf, prometheus_yml = self.write_configs()

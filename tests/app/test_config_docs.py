@@ -1,25 +1,20 @@
-"""The configuration tables in README.md and app/README.md document every setting, with its default."""
+"""docs/configuration.md documents every setting with its default, and is the only copy of the table."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-import pytest
-
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "configuration.md"
+ROW = re.compile(r"^\| `([A-Z0-9_]+)` \| ([^|]*) \|", re.M)
 
 
 def table_rows(path: Path) -> dict[str, str]:
-    """`VARIABLE` -> default cell, from the Markdown table under '## Configuration'."""
-    text = path.read_text(encoding="utf-8")
-    section = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    return {
-        m.group(1): m.group(2).strip()
-        for m in re.finditer(r"^\| `([A-Z0-9_]+)` \| ([^|]*) \|", section, re.M)
-    }
+    """`VARIABLE` -> default cell, from the Markdown table rows of a document."""
+    return {m.group(1): m.group(2).strip() for m in ROW.finditer(path.read_text(encoding="utf-8"))}
 
 
 def documented_default(value: object) -> str:
@@ -32,20 +27,26 @@ def documented_default(value: object) -> str:
     return f"`{value}`"
 
 
-@pytest.mark.parametrize("doc", ["README.md", "app/README.md"])
-def test_every_setting_is_documented_with_its_default(doc):
-    rows = table_rows(ROOT / doc)
+def test_every_setting_is_documented_with_its_default():
+    rows = table_rows(DOC)
     fields = Settings.model_fields
     missing = sorted(name.upper() for name in fields if name.upper() not in rows)
-    assert not missing, f"{doc} lacks rows for {missing}"
+    assert not missing, f"{DOC.name} lacks rows for {missing}"
     stale = sorted(set(rows) - {name.upper() for name in fields})
-    assert not stale, f"{doc} documents settings that do not exist: {stale}"
+    assert not stale, f"{DOC.name} documents settings that do not exist: {stale}"
     for name, info in fields.items():
         default = info.default.name if isinstance(info.default, Path) else info.default
         if hasattr(default, "get_secret_value"):
             default = None
-        assert rows[name.upper()].startswith(documented_default(default)), (doc, name, rows[name.upper()])
+        assert rows[name.upper()].startswith(documented_default(default)), (name, rows[name.upper()])
 
 
-def test_readme_copies_the_app_table():
-    assert table_rows(ROOT / "README.md") == table_rows(ROOT / "app/README.md")
+def test_no_other_document_keeps_a_copy_of_the_table():
+    settings = {name.upper() for name in Settings.model_fields}
+    docs = [p for p in ROOT.glob("**/*.md") if ".venv" not in p.parts and ".cache" not in p.parts]
+    copies = {
+        str(p.relative_to(ROOT)): len(settings & set(table_rows(p)))
+        for p in docs
+        if p != DOC and len(settings & set(table_rows(p))) > 3
+    }
+    assert not copies, f"settings tables outside docs/configuration.md (link to it instead): {copies}"

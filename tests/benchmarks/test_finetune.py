@@ -33,20 +33,6 @@ def test_a_recipe_without_stages_is_one_command(tmp_path):
     assert option(cmd, "--precision") == "fp32"
 
 
-def test_bf16_only_where_the_cpu_has_native_bf16(tmp_path):
-    from benchmarks.finetune import cpu_has_fast_bf16
-
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("flags\t\t: fpu sse avx avx2 fma\n")
-    assert not cpu_has_fast_bf16(cpuinfo)
-    cpuinfo.write_text("flags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n")
-    assert cpu_has_fast_bf16(cpuinfo)
-    cpuinfo.write_text("flags\t\t: fpu avx2 amx_bf16 amx_tile\n")
-    assert cpu_has_fast_bf16(cpuinfo)
-    cpuinfo.unlink()
-    assert not cpu_has_fast_bf16(cpuinfo), "no /proc/cpuinfo: fp32, the safe choice"
-
-
 def result(metric_value: float, **commands) -> dict:
     return {
         "task": "qa",
@@ -62,11 +48,11 @@ def result(metric_value: float, **commands) -> dict:
 
 
 def test_results_list_every_stage_command(tmp_path):
-    from benchmarks.finetune import write_results
+    from benchmarks.finetune import merge_results
 
     path = tmp_path / "finetune.json"
-    write_results({"sst2": result(90.0, train_commands=["train sst2"])}, path)
-    write_results({"squad": result(70.0, train_commands=["train race", "train squad"])}, path)
+    merge_results({"sst2": result(90.0, train_commands=["train sst2"])}, path)
+    merge_results({"squad": result(70.0, train_commands=["train race", "train squad"])}, path)
     assert set(json.loads(path.read_text())["tasks"]) == {"sst2", "squad"}
     table = path.with_suffix(".md").read_text()
     assert "- sst2: `train sst2`" in table

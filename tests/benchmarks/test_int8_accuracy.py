@@ -25,11 +25,11 @@ def test_summary_reports_cost_per_mode_and_the_batched_single_gap():
 
 
 def test_results_merge_with_earlier_runs(tmp_path):
-    from benchmarks.int8_accuracy import write_results
+    from benchmarks.int8_accuracy import merge_results
 
     path = tmp_path / "int8_accuracy.json"
-    write_results({"sst2-minilm": line(0.1), "squad-minilm": line(1.9)}, path)
-    table = write_results({"squad-minilm": line(1.5)}, path)
+    merge_results({"sst2-minilm": line(0.1), "squad-minilm": line(1.9)}, path)
+    table = merge_results({"squad-minilm": line(1.5)}, path)
     merged = json.loads(path.read_text())
     assert merged["sst2-minilm"]["summary"]["int8"]["cost"]["batched"] == pytest.approx(0.1)
     assert merged["squad-minilm"]["summary"]["int8"]["cost"]["batched"] == pytest.approx(1.5)
@@ -37,6 +37,6 @@ def test_results_merge_with_earlier_runs(tmp_path):
     assert path.with_suffix(".md").read_text().strip() == table
     # A run of one variant replaces that variant's scores and keeps the others'.
     only = {"metric": "f1", "scores": {"int8": {"batched": {"f1": 69.0}, "single": {"f1": 69.0}}}}
-    write_results({"sst2-minilm": only}, path)
+    merge_results({"sst2-minilm": only}, path)
     summary = json.loads(path.read_text())["sst2-minilm"]["summary"]
     assert summary["fused"]["batched"] == 70.0 and summary["int8"]["cost"]["batched"] == pytest.approx(1.0)

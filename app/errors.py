@@ -1,261 +1,116 @@
-"""One JSON error shape per route family: {"error", "message", "fields", "request_id"}, and under
-/v2 the Open Inference Protocol's {"error": message}.
+"""Every failure the service reports, in one hierarchy, typed and free of HTTP.
 
-The one module that decides HTTP statuses: services, the registry, routes and middleware raise
-typed errors (app/request_errors.py, app/model_errors.py, the batcher's), and ERRORS maps them.
+Services, the batcher, the registry, routes and middleware raise these (or, in ASGI middleware,
+build them); app/http/errors.py maps each class to its status, error code and headers in one table.
+The message is written for the client; `field` names the offending field, if any.
 """
 
 from __future__ import annotations
 
-import logging
-from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+class ServiceError(Exception):
+    field: str | None = None  # the field a subclass's errors are about unless one is given
 
-from .batch_types import BatcherClosed, BatchFailed, DeadlineExceeded, QueueFull, TooLarge
-from .logs import request_id_var
-from .model_errors import (
-    AdminDisabled,
-    InvalidModelName,
-    MemoryLimitExceeded,
-    ModelError,
-    ModelLoading,
-    ModelRequired,
-    ModelUnavailable,
-    NoModel,
-    VersionRejected,
-)
-from .request_errors import (
-    BodyTooLarge,
-    InputTooLong,
-    InternalError,
-    InvalidInput,
-    InvalidTensor,
-    Overloaded,
-    RequestError,
-    TextTooLong,
-    TooManyChoices,
-    TooManyInputs,
-    Unauthorized,
-)
-from .service_schemas import ErrorResponse
-from .v2_schemas import V2ErrorResponse
-
-log = logging.getLogger("app.errors")
-
-RETRY_AFTER_S = 1
-CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; only ever seen in logs and metrics
-NOT_READY = 503  # /ready while a model loads or the server shuts down
-
-# The Open Inference Protocol's routes answer {"error": message}, and 400 where the native routes
-# answer 422 (KServe's and Triton's status for any malformed request). The middleware sets this
-# per request from the path, so a failure raised anywhere gets its family's body.
-V2_PREFIX = "/v2"
-V2_STATUS = {422: 400}
-v2_errors: ContextVar[bool] = ContextVar("v2_errors", default=False)
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field if field is not None else type(self).field
 
 
-def is_v2_path(path: str) -> bool:
-    return path == V2_PREFIX or path.startswith(V2_PREFIX + "/")
+# ----------------------------------------------------------------------------- requests
 
 
-@dataclass(frozen=True)
-class Status:
-    status: int
-    code: str
-    retry: bool = False  # a Retry-After header: trying again later may succeed
-    headers: tuple[tuple[str, str], ...] = ()
+class RequestError(ServiceError):
+    """Something wrong with the request itself."""
 
 
-# THE place where a failure gets its HTTP status: every typed error of the service, by class.
-# The most specific class listed wins (MemoryLimitExceeded is a VersionRejected).
-ERRORS: dict[type[Exception], Status] = {
-    # requests (app/request_errors.py)
-    TextTooLong: Status(413, "text_too_long"),
-    InputTooLong: Status(413, "input_too_long"),
-    BodyTooLarge: Status(413, "payload_too_large"),
-    TooManyInputs: Status(422, "too_many_inputs"),
-    TooManyChoices: Status(422, "too_many_choices"),
-    InvalidInput: Status(422, "invalid_request"),
-    InvalidTensor: Status(400, "invalid_tensor"),
-    Unauthorized: Status(401, "unauthorized", headers=(("WWW-Authenticate", "Bearer"),)),
-    Overloaded: Status(429, "overloaded", retry=True),
-    InternalError: Status(500, "internal_error"),
-    # model selection and control (app/model_errors.py)
-    NoModel: Status(404, "no_model"),
-    AdminDisabled: Status(404, "admin_disabled"),
-    InvalidModelName: Status(422, "invalid_request"),
-    ModelRequired: Status(422, "model_required"),
-    VersionRejected: Status(422, "version_rejected"),
-    MemoryLimitExceeded: Status(409, "memory_limit"),
-    ModelLoading: Status(503, "model_loading", retry=True),
-    ModelUnavailable: Status(503, "model_unavailable", retry=True),
-    # the batcher (app/batcher.py)
-    QueueFull: Status(429, "overloaded", retry=True),
-    TooLarge: Status(413, "too_large"),
-    BatchFailed: Status(500, "inference_failed"),
-    BatcherClosed: Status(503, "shutting_down", retry=True),
-    DeadlineExceeded: Status(504, "deadline_exceeded"),
-}
+class TextTooLong(RequestError):
+    """A text, question, context or choice beyond MAX_TEXT_CHARS / MAX_QA_CONTEXT_CHARS."""
 
 
-# What the OpenAPI page lists for the task routes and the admin routes.
-TASK_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": text}
-    for code, text in {
-        400: "Body is not UTF-8 JSON",
-        401: "Missing or wrong API key",
-        404: "No model of that name, or none serves this task (`no_model`)",
-        413: "Body or text too large",
-        422: "Invalid request (the `fields` list names each problem); `model_required` when several "
-        "models serve the task and none is its default",
-        429: "Queue full; retry after Retry-After seconds",
-        503: "Model loading, failed, or shutting down",
-        504: "The request's timeout_ms passed before its work was computed (`deadline_exceeded`)",
-    }.items()
-}
-V2_RESPONSES: dict[int | str, dict[str, Any]] = {
-    V2_STATUS.get(int(code), int(code)): {"model": V2ErrorResponse, "description": response["description"]}
-    for code, response in TASK_RESPONSES.items()
-}
-MODELS_RESPONSES: dict[int | str, dict[str, Any]] = {401: TASK_RESPONSES[401]}
-# /tokenize runs no model: no queue (429) and no deadline (504).
-TOKENIZE_RESPONSES = {code: TASK_RESPONSES[code] for code in (400, 401, 404, 413, 422, 503)}
-ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **{code: TASK_RESPONSES[code] for code in (401, 503)},
-    404: {
-        **TASK_RESPONSES[404],
-        "description": "Admin API off (`admin_disabled`), or no such model (`no_model`)",
-    },
-    409: {
-        **TASK_RESPONSES[422],
-        "description": "The version would exceed MAX_MODELS_MEMORY_MB (`memory_limit`)",
-    },
-    422: {
-        **TASK_RESPONSES[422],
-        "description": "The version failed its checks (`version_rejected`); the one serving still serves",
-    },
-}
+class InputTooLong(RequestError):
+    """An input of more tokens than the model reads, when the request asked not to truncate it."""
 
 
-def status_of(exc: Exception) -> Status:
-    return ERRORS[next(k for k in type(exc).__mro__ if k in ERRORS)]
+class TooManyInputs(RequestError):
+    """A batch /classify or embedding request with more texts than MAX_BATCH_ITEMS."""
 
 
-def domain_error_response(exc: Exception, message: str, field: str | None = None) -> JSONResponse:
-    """The JSON error for a typed error of the table, with the message the client reads."""
-    status = status_of(exc)
-    headers = dict(status.headers)
-    if status.retry:
-        headers["Retry-After"] = str(RETRY_AFTER_S)
-    fields = [{"field": field, "message": message}] if field else None
-    return error_response(status.status, status.code, message, fields, headers or None)
+class TooManyChoices(RequestError):
+    """A /multiple-choice request with more choices than MAX_CHOICES."""
 
 
-def error_body(code: str, message: str, fields: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"error": code, "message": message}
-    if fields:
-        body["fields"] = fields
-    request_id = request_id_var.get()
-    if request_id:
-        body["request_id"] = request_id
-    return body
+class InvalidInput(RequestError):
+    """A value the schema accepts but this model cannot use (top_k beyond its labels, a doc_stride
+    that does not fit the question's window)."""
 
 
-def error_response(
-    status: int,
-    code: str,
-    message: str,
-    fields: list[dict[str, str]] | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    if v2_errors.get():
-        return JSONResponse({"error": message}, status_code=V2_STATUS.get(status, status), headers=headers)
-    return JSONResponse(error_body(code, message, fields), status_code=status, headers=headers)
+class InvalidTensor(RequestError):
+    """A V2 inference request whose tensors do not fit the model's: an unknown or missing input, a
+    wrong datatype, a shape that does not match the data or the model, an unknown parameter."""
 
 
-def _field_name(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in loc]
-    if parts and parts[0] in ("body", "query", "path", "header"):
-        parts = parts[1:]
-    return ".".join(parts) or "body"
+class BodyTooLarge(RequestError):
+    """A request body beyond MAX_BODY_BYTES."""
 
 
-def validation_fields(errors: list[dict[str, Any]]) -> list[dict[str, str]]:
-    fields = []
-    for err in errors:
-        kind = err.get("type", "")
-        if kind == "json_invalid":
-            detail = (err.get("ctx") or {}).get("error", "")
-            fields.append({"field": "body", "message": f"invalid JSON: {detail}".rstrip(": "), "type": kind})
-            continue
-        message = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-        field = _field_name(err.get("loc", ()))
-        if kind == "missing" and field == "body":
-            message = "a JSON request body is required"
-        elif kind in ("model_attributes_type", "dict_type") and field == "body":
-            message = "the body must be a JSON object (sent with Content-Type: application/json)"
-        fields.append({"field": field, "message": message, "type": kind})
-    return fields
+class Unauthorized(RequestError):
+    """A missing or wrong bearer key."""
 
 
-def _body_error(message: str) -> tuple[str, list[dict[str, str]]]:
-    return message, [{"field": "body", "message": message}]
+class Overloaded(RequestError):
+    """Too many requests of the task in flight (MAX_IN_FLIGHT): refused before parsing; retry."""
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RequestError)
-    async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
-        return domain_error_response(exc, exc.message, exc.field)
+class InternalError(RequestError):
+    """An unhandled failure; the client learns nothing of it but the request id."""
 
-    @app.exception_handler(ModelError)
-    async def _model_error(request: Request, exc: ModelError) -> JSONResponse:
-        field = "model" if isinstance(exc, (NoModel, ModelRequired, InvalidModelName)) else None
-        return domain_error_response(exc, exc.message, field)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        fields = validation_fields(list(exc.errors()))
-        summary = "; ".join(f"{f['field']}: {f['message']}" for f in fields) or "invalid request"
-        return error_response(422, "invalid_request", summary, fields)
+# ----------------------------------------------------------------------------- models
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 400 and "parsing the body" in str(exc.detail):
-            # FastAPI's "error parsing the body"; the cause says what was wrong with it.
-            cause = exc.__cause__
-            if isinstance(cause, RecursionError):
-                return error_response(422, "invalid_request", *_body_error("invalid JSON: nested too deeply"))
-            if isinstance(cause, ValueError) and not isinstance(cause, UnicodeDecodeError):
-                # e.g. an integer with more digits than Python converts
-                return error_response(422, "invalid_request", *_body_error(f"invalid JSON: {cause}"))
-            message, fields = _body_error("request body could not be decoded: send UTF-8 encoded JSON")
-            return error_response(400, "invalid_body", message, fields, getattr(exc, "headers", None))
-        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(
-            exc.status_code, "error"
-        )
-        return error_response(exc.status_code, code, str(exc.detail), None, getattr(exc, "headers", None))
 
-    @app.exception_handler(QueueFull)
-    async def _queue_full(request: Request, exc: QueueFull) -> JSONResponse:
-        return domain_error_response(exc, f"server is busy: {exc}; retry after {RETRY_AFTER_S}s")
+class ModelError(ServiceError):
+    """Finding, loading and serving models by name; the message names what to do."""
 
-    @app.exception_handler(TooLarge)
-    async def _too_large(request: Request, exc: TooLarge) -> JSONResponse:
-        return domain_error_response(exc, f"{exc}: shorten the input or raise MAX_QUEUE")
 
-    @app.exception_handler(BatchFailed)
-    async def _batch_failed(request: Request, exc: BatchFailed) -> JSONResponse:
-        # The batcher has logged the model's error with its traceback; the client gets no internals.
-        message = f"inference failed for the batch holding this request (batch {exc.batch_id}); retry later"
-        return domain_error_response(exc, message)
+class NoModel(ModelError):
+    """No model of that name is served, or none serves the task; the message lists those that are."""
 
-    @app.exception_handler(BatcherClosed)
-    @app.exception_handler(DeadlineExceeded)
-    async def _batcher_says(request: Request, exc: BatcherClosed | DeadlineExceeded) -> JSONResponse:
-        return domain_error_response(exc, str(exc))
+    field = "model"
+
+
+class ModelRequired(ModelError):
+    """Several models serve the task and none is its default: the request must name one."""
+
+    field = "model"
+
+
+class InvalidModelName(ModelError):
+    """A name that cannot be a model directory (path separators, dots, odd characters)."""
+
+    field = "model"
+
+
+class ModelLoading(ModelError):
+    """The model has no version in service yet; retry shortly."""
+
+
+class ModelUnavailable(ModelError):
+    """The model failed to load, or is being unloaded."""
+
+
+class VersionRejected(ModelError):
+    """A version failed verification (hashes, sessions, warm-up, output check) and was not put in
+    service; the version already serving, if any, keeps serving."""
+
+    def __init__(self, message: str, serving: str | None):
+        super().__init__(message)
+        self.serving = serving
+
+
+class MemoryLimitExceeded(VersionRejected):
+    """Loading the version would take the models' resident memory above MAX_MODELS_MEMORY_MB."""
+
+
+class AdminDisabled(ModelError):
+    """The admin API is off because ADMIN_API_KEY is unset."""

@@ -22,18 +22,17 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
-from .admin import router as admin_router
-from .control import ModelControl
-from .errors import install_error_handlers
-from .logs import configure_logging, flush_logs
-from .metrics import Metrics
-from .middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
-from .registry import Registry
-from .routes import router
-from .runtime import fix_malloc_mmap_threshold
-from .services import make_service
-from .settings import Settings
-from .v2_routes import router as v2_router
+from app.backend.runtime import fix_malloc_mmap_threshold
+from app.http.admin import router as admin_router
+from app.http.errors import install_error_handlers
+from app.http.middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
+from app.http.routes import router
+from app.http.v2_routes import router as v2_router
+from app.models.control import ModelControl
+from app.models.registry import Registry
+from app.observe.logs import configure_logging, flush_logs
+from app.observe.metrics import Metrics
+from app.settings import Settings
 
 log = logging.getLogger("app.main")
 
@@ -52,7 +51,7 @@ class ServiceState:
     metrics: Metrics
     registry: Registry
     in_flight: InFlight
-    control: ModelControl | None = None  # loads, swaps and unloads (app/control.py)
+    control: ModelControl | None = None  # loads, swaps and unloads (app/models/control.py)
     shutting_down: bool = False
     loader: asyncio.Task | None = field(default=None, repr=False)
 
@@ -97,7 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     configure_logging(settings.log_level)
     metrics = Metrics()
     registry = Registry(settings, metrics)
-    control = ModelControl(registry, make_service)
+    control = ModelControl(registry)
     state = ServiceState(
         settings=settings, metrics=metrics, registry=registry, in_flight=InFlight(metrics), control=control
     )

@@ -21,7 +21,9 @@ class Settings(BaseSettings):
     cpu_variant: Literal["int8-rowwise", "int8", "fused", "fp32"] = "int8-rowwise"
     intra_op_threads: int = Field(0, ge=0, description="ORT threads per session; 0 = cores / sessions")
     model_instances: int = Field(
-        0, ge=0, description="Sessions per model running batches side by side; 0 = auto (see app/runtime.py)"
+        0,
+        ge=0,
+        description="Sessions per model running batches side by side; 0 = auto (see app/backend/runtime.py)",
     )
     solo_session: bool = Field(
         True,
@@ -71,7 +73,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     default_bundles: str = ""
     classify_long_text: Literal["truncate", "windows"] = "truncate"
-    # Request shapes vary per batch: see SessionTuning in app/runtime.py and benchmarks/ort_memory.py.
+    # Request shapes vary per batch: see SessionTuning in app/backend/runtime.py and benchmarks/ort_memory.py.
     ort_spinning: Literal["auto", "on", "off"] = Field(
         "auto", description="Idle ORT threads spin-wait; auto = on only when one model has the cores"
     )

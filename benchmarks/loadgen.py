@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import rawhttp
-from benchmarks.loadgen_payloads import ENDPOINTS, make_payload, validate_response
+from benchmarks.loadgen_payloads import ENDPOINTS, PATHS, make_payload, validate_response
 
 if TYPE_CHECKING:
     import httpx
@@ -47,8 +47,8 @@ def parse_mix(spec: str) -> dict[str, float]:
     mix: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, weight = part.partition("=")
-        if name not in ENDPOINTS:
-            raise ValueError(f"unknown endpoint {name!r} in --endpoints; choose from {sorted(ENDPOINTS)}")
+        if name not in PATHS:
+            raise ValueError(f"unknown endpoint {name!r} in --endpoints; choose from {sorted(PATHS)}")
         try:
             mix[name] = float(weight) if weight else 1.0
         except ValueError:
@@ -106,7 +106,7 @@ class LoadConfig:
             raise ValueError(f"--client must be raw or httpx, got {self.client!r}")
         if self.client == "raw" and not self.url.startswith("http://"):
             raise ValueError("the raw client speaks plain http; use --client httpx for https")
-        unknown = set(self.endpoints) - set(ENDPOINTS)
+        unknown = set(self.endpoints) - set(PATHS)
         if unknown:
             raise ValueError(f"unknown endpoints {sorted(unknown)}")
 
@@ -240,7 +240,7 @@ class _Runner:
         payload, body = self.pools[endpoint][index], self.bodies[endpoint][index]
         self.issued += 1
         request_id = f"loadgen-{self.config.seed}-{self.issued}"
-        status, content = await self.sender.send(ENDPOINTS[endpoint], body, request_id)
+        status, content = await self.sender.send(PATHS[endpoint], body, request_id)
         # perf_counter: uvloop's loop.time() ticks in ms
         sample = Sample(endpoint, status, time.perf_counter() - due, sent_at=due)
         self.samples.append(sample)

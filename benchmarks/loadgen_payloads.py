@@ -11,6 +11,8 @@ import random
 from typing import Any
 
 ENDPOINTS = {"classify": "/classify", "ner": "/ner", "multiple-choice": "/multiple-choice", "qa": "/qa"}
+# Every endpoint a load may name; "all" (ENDPOINTS) is the four-task mix the deploy stack serves.
+PATHS = {**ENDPOINTS, "embed": "/embed"}
 
 SENTENCES = [
     "The film opens slowly but the last hour is gripping and beautifully shot.",
@@ -90,7 +92,9 @@ def make_payload(endpoint: str, rng: random.Random) -> dict[str, Any]:
         if rng.random() < 0.7:
             body["question"] = "Which statement is true?"
         return body
-    raise ValueError(f"unknown endpoint {endpoint!r}; choose from {sorted(ENDPOINTS)}")
+    if endpoint == "embed":
+        return {"inputs": rng.choice(SENTENCES)}  # one sentence of ~10 words, the common query
+    raise ValueError(f"unknown endpoint {endpoint!r}; choose from {sorted(PATHS)}")
 
 
 def _is_number(x: Any) -> bool:
@@ -113,6 +117,11 @@ def _check_span(item: dict[str, Any], source: str, what: str) -> str | None:
 
 def validate_response(endpoint: str, request: dict[str, Any], body: Any) -> str | None:
     """None when `body` matches the endpoint's response schema, else what is wrong."""
+    if endpoint == "embed":
+        n = len(request["inputs"]) if isinstance(request["inputs"], list) else 1
+        if not isinstance(body, list) or len(body) != n or not all(isinstance(v, list) and v for v in body):
+            return f"embed needs {n} non-empty vectors"
+        return None
     if not isinstance(body, dict):
         return f"body is {type(body).__name__}, not an object"
     if endpoint == "classify":

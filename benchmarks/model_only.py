@@ -17,15 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from app.runtime import CPU_BATCH_TOKENS, create_runtime
+from app.backend.runtime import CPU_BATCH_TOKENS, create_runtime
 from app.settings import available_cores
 from export.bundle import DEFAULT_QA, load_bundle_manifest
 from processing import classify as classify_proc
+from processing import embed as embed_proc
 from processing import qa as qa_proc
 from processing.padding import pad_batch
 from processing.tokenizer import Encoding, TextTokenizer
 
-# The service's batching limits on a CPU (app/settings.py and app/runtime.py defaults).
+# The service's batching limits on a CPU (app/settings.py and app/backend/runtime.py defaults).
 MAX_BATCH_SIZE = 32
 MAX_BATCH_TOKENS = CPU_BATCH_TOKENS
 WINDOW_OVERLAP = 32
@@ -77,7 +78,14 @@ class BundleModel:
             )
         if self.task == "qa":
             return [w.encoding for w in self.qa_windows(payload["question"], payload["context"]).windows]
-        raise ValueError(f"model-only reference supports classify and qa bundles, not {self.task!r}")
+        if self.task == "embed":
+            texts = payload["inputs"] if isinstance(payload["inputs"], list) else [payload["inputs"]]
+            return [
+                e
+                for text in texts
+                for e in embed_proc.encode_for_embed(self.tokenizer, text, self.max_seq_len, "truncate")
+            ]
+        raise ValueError(f"model-only reference supports classify, qa and embed bundles, not {self.task!r}")
 
     def qa_windows(self, question: str, context: str) -> qa_proc.QAInput:
         return qa_proc.make_windows(

@@ -32,7 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from app.runtime import choose_variant
+from app.backend.runtime import choose_variant
 from benchmarks.bench_common import (
     RESULTS,
     WORK,

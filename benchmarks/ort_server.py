@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, HTTPException
 
-from app.runtime import choose_variant
+from app.backend.runtime import choose_variant
 from benchmarks.pipeline_server import (
     ClassifyIn,
     HFQuestionAnswering,

@@ -1,24 +1,21 @@
-"""Our service vs two plain FastAPI servers a user would write instead, under the same load.
+"""Our service vs the plain FastAPI servers a user would write instead, and vs its bare model.
 
     .venv/bin/python -m benchmarks.service_bench            # full: c=1,8,32,64, 20 s per level
     .venv/bin/python -m benchmarks.service_bench --quick    # smoke run (~2 min)
     .venv/bin/python -m benchmarks.service_bench --quick --dev-models   # before the defaults exist
 
-For each endpoint (/classify, /qa), one after the other on loopback: start our real server
-(`uvicorn app.main:app`, MODELS_DIR holding only that endpoint's bundle, its default CPU variant),
-the same without its solo session (`ours-no-solo`: a lone request on one core), then the fair
-peer (benchmarks/ort_server.py: the transformers tokenizer and one ONNX Runtime session.run per
-request on the same bundle file, no batching), then the pipeline baseline
-(benchmarks/pipeline_server.py) on the checkpoint the bundle was exported from. Each runs
-closed-loop load from benchmarks/loadgen.py at every concurrency level, with the same seeded
-payload mix; we record throughput, p50/p99, CPU-seconds per 1,000 requests (user + system time
-of the server's process tree) and CPU ms per request of the server's main thread (our event loop),
-its other threads (our inference) and the load generator. With no server running, the model-only references
-are then measured on the same payloads: ORT time per request run alone (concurrency 1) and ORT
-throughput on full length-sorted batches. Targets reported: throughput at concurrency 32 >= 90% of
-the model-only batched throughput; p50 at concurrency 1 <= 1 ms + 110% of the model-only time;
-against the plain ORT server, at least equal throughput at c=1 and twice it at c=32.
-The load generator runs in this process and shares the CPU with the server, for every server alike.
+For each endpoint (/classify, /qa; /embed for our servers only), one server at a time on loopback,
+alternating over --rounds: our real server (`uvicorn app.main:app`, MODELS_DIR holding only that
+endpoint's bundle), the same without its solo session (`ours-no-solo`), the same with every bundle
+beside it loaded (`ours-defaults`, what `make serve` runs), any `--ablation`, the fair peer
+(benchmarks/ort_server.py: the transformers tokenizer and one session.run per request on the same
+file, no batching) and the pipeline baseline (benchmarks/pipeline_server.py) on the checkpoint the
+bundle came from. Closed-loop load from benchmarks/loadgen.py (in this process, sharing the CPU
+with every server alike) at each level, the same seeded payloads; we record throughput, p50/p99,
+CPU-seconds per 1,000 requests of the server's process tree and CPU ms per request of its main
+thread (our event loop), its other threads (our inference) and the load generator. Then, with no
+server running, the model-only references on the same payloads: ORT time per request alone and
+ORT throughput on full length-sorted batches. The targets are service_report.TARGETS.
 Writes benchmarks/results/service{,_quick}.{json,md,png}.
 """
 
@@ -37,17 +34,27 @@ from app.settings import available_cores
 from benchmarks import bench_common as common
 from benchmarks import loadgen, service_report
 from benchmarks.loadgen_payloads import make_payload
+from export.bundle import MANIFEST_NAME
 
-ENDPOINTS = ("classify", "qa")
+ENDPOINTS = ("classify", "qa", "embed")  # embed: our servers only (no plain ORT or pipeline peer)
 # ours-no-solo: our server without its solo session (SOLO_SESSION=false), the ablation of a lone
-# request on every core against one core.
-SERVERS = ("ours", "ours-no-solo", "ort", "pipeline")
+# request on every core against one core. ours-defaults: every bundle beside the endpoint's loaded
+# (what `make serve` runs), the load on the endpoint's model alone.
+SERVERS = ("ours", "ours-no-solo", "ours-defaults", "ort", "pipeline")
+OUR_SERVERS = ("ours", "ours-no-solo", "ours-defaults")
 
 
-def our_server(bundle: Path, port: int, args: argparse.Namespace, models_dir: Path) -> tuple[list[str], dict]:
-    shutil.rmtree(models_dir, ignore_errors=True)  # only links live here: serve exactly this bundle
+def our_server(
+    bundle: Path, port: int, args: argparse.Namespace, models_dir: Path, beside: bool = False
+) -> tuple[list[str], dict]:
+    """Our server on exactly this bundle, or (`beside`) on it and every bundle in its directory."""
+    shutil.rmtree(models_dir, ignore_errors=True)  # only links live here
     models_dir.mkdir(parents=True)
-    (models_dir / bundle.name).symlink_to(bundle.resolve(), target_is_directory=True)
+    served = [bundle]
+    if beside:
+        served = sorted(p for p in bundle.parent.iterdir() if (p / MANIFEST_NAME).is_file())
+    for path in served:
+        (models_dir / path.name).symlink_to(path.resolve(), target_is_directory=True)
     command = [
         sys.executable,
         "-m",
@@ -207,10 +214,12 @@ def run_server(kind: str, endpoint: str, bundle: Path, checkpoint: Path, args) -
     """Start one server, load it at every concurrency level, stop it."""
     port = common.free_port()
     url = f"http://127.0.0.1:{port}"
-    if kind in ("ours", "ours-no-solo"):
-        command, env = our_server(bundle, port, args, args.work_dir / "models-dir" / endpoint)
+    if kind in OUR_SERVERS or kind in args.ablations:
+        models_dir = args.work_dir / "models-dir" / endpoint
+        command, env = our_server(bundle, port, args, models_dir, beside=kind == "ours-defaults")
         if kind == "ours-no-solo":
             env["SOLO_SESSION"] = "false"
+        env.update(args.ablations.get(kind, {}))
     elif kind == "ort":
         command, env = ort_server(endpoint, bundle, port, args)
     else:
@@ -262,14 +271,12 @@ def run_endpoint(endpoint: str, bundle: Path, checkpoint: Path, how: str, args) 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: c=1,8, 2 s per level")
-    p.add_argument("--endpoints", default=",".join(ENDPOINTS), help="comma list of classify,qa")
+    p.add_argument("--endpoints", default="classify,qa", help="comma list of " + ",".join(ENDPOINTS))
     p.add_argument("--servers", default=",".join(SERVERS), help="comma list of " + ",".join(SERVERS))
     p.add_argument("--concurrency", help="comma list (default 1,8,32,64; quick 1,8)")
     p.add_argument("--duration", type=float, help="seconds per level (default 20; quick 2)")
     p.add_argument("--warmup", type=float, help="warm-up seconds per server (default 5; quick 1)")
-    p.add_argument(
-        "--model-seconds", type=float, help="seconds per model-only reference (default 10; quick 1)"
-    )
+    p.add_argument("--model-seconds", type=float, help="seconds per model-only reference (default 10)")
     p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, s")
     p.add_argument("--ready-timeout", type=float, default=300.0, help="wait this long for a server's /ready")
     p.add_argument(
@@ -279,21 +286,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the variant our server and the plain ORT server run",
     )
     p.add_argument("--threads", type=int, default=0, help="ORT and torch threads (0 = all cores)")
+    p.add_argument("--instances", type=int, default=0, help="our server's MODEL_INSTANCES (0 = automatic)")
     p.add_argument(
-        "--instances", type=int, default=0, help="our server's MODEL_INSTANCES (0 = its automatic choice)"
+        "--server-env", action="append", default=[], metavar="NAME=VALUE", help="our servers' setting"
     )
     p.add_argument(
-        "--server-env",
+        "--ablation",
         action="append",
         default=[],
-        metavar="NAME=VALUE",
-        help="extra setting for our server, e.g. MAX_WAIT_MS=0 (repeatable)",
+        metavar="NAME:SETTING=VALUE[,SETTING=VALUE]",
+        help="one more server, ours-NAME: ours with these settings, e.g. quiet:LOG_LEVEL=WARNING",
     )
     p.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="run every server this many times, alternating, and report each level's median round",
+        "--rounds", type=int, default=1, help="alternating rounds; each level's median is reported"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--classify-bundle", type=Path, default=common.default_bundle("classify"))
@@ -304,21 +309,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="baseline checkpoint; auto = the bundle's source (see bench_common.resolve_checkpoint)",
     )
     p.add_argument("--qa-checkpoint", default="auto")
-    p.add_argument(
-        "--dev-models", action="store_true", help="MiniLM with random heads instead of the defaults"
-    )
+    p.add_argument("--embed-bundle", type=Path, default=common.ROOT / ".cache/bundles/all-minilm-l6-v2")
+    p.add_argument("--dev-models", action="store_true", help="MiniLM with random heads, not the defaults")
     p.add_argument("--work-dir", type=Path, default=common.WORK)
     p.add_argument("--out", type=Path, default=common.RESULTS)
-    p.add_argument(
-        "--name", help="results file stem (default service, or service_quick), e.g. to keep another CPU's run"
-    )
+    p.add_argument("--name", help="results file stem (default service, or service_quick)")
     args = p.parse_args(argv)
     args.endpoints = [e for e in args.endpoints.split(",") if e]
     args.servers = [s for s in args.servers.split(",") if s]
     if set(args.endpoints) - set(ENDPOINTS) or not args.endpoints:
         p.error(f"--endpoints must name some of {ENDPOINTS}")
-    if set(args.servers) - set(SERVERS) or not args.servers:
+    try:
+        args.ablations = {
+            f"ours-{name}": dict(item.split("=", 1) for item in settings.split(","))
+            for name, _, settings in (a.partition(":") for a in args.ablation)
+        }
+    except ValueError:
+        p.error("--ablation takes NAME:SETTING=VALUE[,SETTING=VALUE]")
+    args.servers += [kind for kind in args.ablations if kind not in args.servers]
+    if set(args.servers) - set(SERVERS) - set(args.ablations) or not args.servers:
         p.error(f"--servers must name some of {SERVERS}")
+    if "embed" in args.endpoints and set(args.servers) - set(OUR_SERVERS) - set(args.ablations):
+        p.error(f"/embed has no plain ORT or pipeline peer here: --servers must name some of {OUR_SERVERS}")
     try:
         args.server_env = dict(item.split("=", 1) for item in args.server_env)
     except ValueError:
@@ -344,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     models: dict[str, tuple[Path, str | None]] = {
         "classify": (args.classify_bundle, args.classify_checkpoint),
         "qa": (args.qa_bundle, args.qa_checkpoint),
+        "embed": (args.embed_bundle, None),
     }
     if args.dev_models:
         built = common.build_dev_models(args.endpoints, args.work_dir)
@@ -373,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for endpoint in args.endpoints:
         bundle = common.require_bundle(Path(models[endpoint][0]), endpoint)
-        checkpoint, how = common.resolve_checkpoint(bundle, models[endpoint][1], endpoint, args.work_dir)
+        checkpoint, how = Path("-"), "not needed: no pipeline server"
+        if "pipeline" in args.servers:
+            checkpoint, how = common.resolve_checkpoint(bundle, models[endpoint][1], endpoint, args.work_dir)
         print(f"/{endpoint}: bundle {bundle}, baseline checkpoint {checkpoint} ({how})", flush=True)
         report["endpoints"][endpoint] = run_endpoint(endpoint, bundle, checkpoint, how, args)
     stem = args.name or ("service_quick" if args.quick else "service")

@@ -114,7 +114,11 @@ def gate(app, task: str) -> GatedRuntime:
 
 
 async def test_overload_answers_429_at_once(models_dir):
-    async with serving(models_dir, max_queue=2, max_batch_size=1, max_wait_ms=0) as (app, client):
+    # One instance: the first request holds the model, the next ones queue behind it.
+    async with serving(models_dir, max_queue=2, max_batch_size=1, max_wait_ms=0, model_instances=1) as (
+        app,
+        client,
+    ):
         gated = gate(app, "classify")
         first = asyncio.create_task(client.post("/classify", json={"text": "one"}))
         await until(gated.entered.is_set)  # in the model, off the queue
@@ -177,7 +181,7 @@ async def raw_request(app, path: str, body: dict, disconnect: asyncio.Event) -> 
 
 
 async def test_work_of_a_vanished_client_is_dropped(models_dir):
-    async with serving(models_dir, max_batch_size=1, max_wait_ms=0) as (app, client):
+    async with serving(models_dir, max_batch_size=1, max_wait_ms=0, model_instances=1) as (app, client):
         gated = gate(app, "qa")
         busy = asyncio.create_task(client.post("/qa", json={"question": "who?", "context": "john"}))
         await until(gated.entered.is_set)

@@ -9,27 +9,29 @@ import time
 import numpy as np
 import pytest
 
-from app.batch_types import WorkItem
-from app.batcher import Batcher
-from app.runtime import (
+from app.backend.runtime import (
     OrtRuntime,
     RuntimePool,
     resolve_batch_tokens,
     resolve_instances,
     resolve_padding_factor,
 )
+from app.core.batch_types import WorkItem
+from app.core.batcher import Batcher, ComputeSlots
+from app.core.task_service import INLINE_CHARS, cpu_step
 from app.settings import available_cores
-from app.task_service import INLINE_CHARS, cpu_step
 from tests.app.conftest import bundle_of, serving
 from tests.app.test_batching import assert_same, mixed_requests
 
 
 def test_resolve_instances():
-    assert resolve_instances(0, "cpu", n_models=1, cores=2) == 2  # one single-threaded session per core
-    assert resolve_instances(0, "cpu", n_models=4, cores=2) == 1  # never fewer than one
-    assert resolve_instances(0, "cpu", n_models=2, cores=16) == 8
-    assert resolve_instances(0, "cuda", n_models=1, cores=16) == 1
-    assert resolve_instances(3, "cpu", n_models=4, cores=2) == 3  # explicit MODEL_INSTANCES wins
+    # One single-threaded session per core for every model, however many are loaded: the shared
+    # compute slots bound all models' batches together, so a busy model may use every core.
+    assert resolve_instances(0, "cpu", cores=2) == 2
+    assert resolve_instances(0, "cpu", cores=16) == 16
+    assert resolve_instances(0, "cpu", cores=1) == 1
+    assert resolve_instances(0, "cuda", cores=16) == 1
+    assert resolve_instances(3, "cpu", cores=2) == 3  # explicit MODEL_INSTANCES wins
 
 
 def test_batching_limits_follow_the_device_unless_set():
@@ -288,6 +290,20 @@ async def test_only_a_batch_alone_in_an_idle_model_goes_to_the_solo_session():
     await batcher.stop()
 
 
+async def test_a_lone_batch_runs_alone_only_while_no_other_model_computes():
+    slots = ComputeSlots(2)
+    runtime = SoloRecorder()
+    batcher = Batcher(runtime, collate, max_wait_ms=0, concurrency=2, max_batch_size=1, compute=slots)
+    batcher.start()
+    await slots.acquire()  # another model's batch holds a core
+    await asyncio.gather(*batcher.submit([WorkItem(payload=1, length=4)]))
+    assert runtime.paths == ["pool"] and slots.held == 1
+    slots.release()  # the device is idle again: a lone batch may have every core
+    await asyncio.gather(*batcher.submit([WorkItem(payload=2, length=4)]))
+    assert runtime.paths == ["pool", "solo"] and slots.held == 0
+    await batcher.stop()
+
+
 def test_pool_runs_alone_batches_on_its_solo_session_when_free():
     class Named:
         def __init__(self, name: str, threads: int):
@@ -306,9 +322,14 @@ def test_pool_runs_alone_batches_on_its_solo_session_when_free():
 
 
 @pytest.mark.skipif(available_cores() < 2, reason="the solo session needs two cores or more")
-async def test_one_model_alone_gets_a_solo_session_several_do_not(models_dir, app_bundles, tmp_path):
-    async with serving(models_dir) as (_, client):  # several models share the cores
-        assert {m["solo_threads"] for m in (await client.get("/models")).json()["models"]} == {None}
+async def test_every_model_gets_the_same_sessions_however_many_are_loaded(models_dir, app_bundles, tmp_path):
+    cores = available_cores()
+    async with serving(models_dir) as (_, client):  # several models share the cores, not split them
+        layouts = {
+            (m["instances"], m["intra_op_threads"], m["solo_threads"])
+            for m in (await client.get("/models")).json()["models"]
+        }
+        assert layouts == {(cores, 1, cores)}
     alone = tmp_path / "alone"
     alone.mkdir()
     (alone / "m").symlink_to(app_bundles["classify"], target_is_directory=True)

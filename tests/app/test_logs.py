@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 
-from app.logs import JsonFormatter, LogWriter, QueuedHandler, request_id_var
+from app.observe.logs import JsonFormatter, LogWriter, QueuedHandler, request_id_var
 
 
 class Collect(logging.Handler):

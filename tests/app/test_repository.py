@@ -137,7 +137,7 @@ class OverlapCounter:
 
 
 async def test_ten_models_share_two_cores_without_oversubscription(tmp_path, add_version, monkeypatch):
-    monkeypatch.setattr("app.registry.available_cores", lambda: 2)
+    monkeypatch.setattr("app.models.registry.available_cores", lambda: 2)
     root = tmp_path / "models"
     names = [f"m{i}" for i in range(10)]
     for name in names:
@@ -146,7 +146,7 @@ async def test_ten_models_share_two_cores_without_oversubscription(tmp_path, add
     async with serving(root, inline_batch_tokens=0, default_bundles="classify=m0") as (app, client):
         for name in names:
             bundle = bundle_of(app, "classify", name)
-            assert bundle.runtime.instances == 1 and bundle.threads == 1
+            assert bundle.runtime.instances == 2 and bundle.threads == 1  # a session per core each
             bundle.batcher.runtime = OverlapCounter(bundle.batcher.runtime, shared)
         requests = [
             client.post("/classify", json={"text": f"{TEXT} {n}", "model": name})
@@ -156,6 +156,6 @@ async def test_ten_models_share_two_cores_without_oversubscription(tmp_path, add
         responses = await asyncio.gather(*requests)
         assert all(r.status_code == 200 for r in responses)
         models = (await client.get("/models")).json()["models"]
-        assert {m["intra_op_threads"] for m in models} == {1} and {m["instances"] for m in models} == {1}
+        assert {m["intra_op_threads"] for m in models} == {1} and {m["instances"] for m in models} == {2}
     # Ten models with work queued, but never more batches at once than the two cores.
     assert shared["peak"] == 2

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from app.runtime import (
+from app.backend.runtime import (
     CPU_EP,
     CUDA_EP,
     OrtRuntime,

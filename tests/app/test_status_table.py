@@ -1,4 +1,4 @@
-"""HTTP statuses are decided in one module (app/errors.py), from typed errors."""
+"""HTTP statuses are decided in one module (app/http/errors.py), from typed errors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import ast
 import inspect
 from pathlib import Path
 
-from app import errors, model_errors, request_errors
+from app import errors as typed
+from app.http import errors
 
 APP = Path(errors.__file__).resolve().parent
 STATUSES = {400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 499, 500, 502, 503, 504}
@@ -14,8 +15,8 @@ STATUSES = {400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 499, 500, 502, 503
 
 def test_no_other_app_module_writes_an_error_status() -> None:
     offenders = []
-    for path in sorted(APP.glob("*.py")):
-        if path.name == "errors.py":
+    for path in sorted(APP.parent.rglob("*.py")):
+        if path == APP / "errors.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and type(node.value) is int and node.value in STATUSES:
@@ -24,24 +25,21 @@ def test_no_other_app_module_writes_an_error_status() -> None:
 
 
 def test_every_typed_error_has_its_status() -> None:
-    for module, base in (
-        (request_errors, request_errors.RequestError),
-        (model_errors, model_errors.ModelError),
-    ):
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, base) and cls is not base:
-                assert cls in errors.ERRORS, cls
+    abstract = {typed.ServiceError, typed.RequestError, typed.ModelError}
+    for _, cls in inspect.getmembers(typed, inspect.isclass):
+        if issubclass(cls, typed.ServiceError) and cls not in abstract:
+            assert cls in errors.ERRORS, cls
 
 
 def test_the_most_specific_class_wins() -> None:
-    exceeded = model_errors.MemoryLimitExceeded("too big", serving=None)
+    exceeded = typed.MemoryLimitExceeded("too big", serving=None)
     assert errors.status_of(exceeded).code == "memory_limit"
-    assert errors.status_of(model_errors.VersionRejected("bad", serving=None)).code == "version_rejected"
+    assert errors.status_of(typed.VersionRejected("bad", serving=None)).code == "version_rejected"
 
 
 def test_a_retryable_error_says_when_and_a_challenge_names_its_scheme() -> None:
-    busy = errors.domain_error_response(request_errors.Overloaded("busy"), "busy")
+    busy = errors.domain_error_response(typed.Overloaded("busy"), "busy")
     assert busy.status_code == 429 and busy.headers["Retry-After"] == str(errors.RETRY_AFTER_S)
-    denied = errors.domain_error_response(request_errors.Unauthorized("no key"), "no key")
+    denied = errors.domain_error_response(typed.Unauthorized("no key"), "no key")
     assert denied.status_code == 401 and denied.headers["WWW-Authenticate"] == "Bearer"
     assert "retry-after" not in denied.headers

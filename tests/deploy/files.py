@@ -55,9 +55,9 @@ def series_names(families: dict[str, str]) -> set[str]:
 
 
 def app_metric_families() -> dict[str, str] | None:
-    """{family: type} of everything app/metrics.py registers; None if the app does not import."""
+    """{family: type} of everything app/observe/metrics.py registers; None if the app does not import."""
     try:
-        from app.metrics import Metrics
+        from app.observe.metrics import Metrics
     except ImportError:
         return None
     return {family.name: family.type for family in Metrics().registry.collect()}

@@ -21,7 +21,7 @@ from tests.deploy.files import (
 
 
 def exposed_series() -> set[str]:
-    """Series the app exposes: read from app/metrics.py, or the agreed list if the app is not there."""
+    """Series the app exposes: from app/observe/metrics.py, or the agreed list if the app is not there."""
     return series_names(app_metric_families() or AGREED_METRICS)
 
 

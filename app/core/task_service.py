@@ -1,0 +1,131 @@
+"""What every task service shares: the request's stage timings, the service base class (service
+limits, the window overlap the model was trained with, submitting work under the request's
+schedule) and the rule for when a CPU step leaves the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from app.core.batch_types import ItemResult, Schedule, WorkItem
+from app.errors import TextTooLong
+from app.observe.metrics import Metrics
+from app.settings import Settings
+from processing.tokenizer import Encoding, default_window_overlap
+
+if TYPE_CHECKING:
+    from app.core.batcher import Batcher
+    from export.bundle import BundleManifest
+    from processing.tokenizer import TextTokenizer
+
+T = TypeVar("T")
+
+
+class ModelVersion(Protocol):
+    """What a service is made from: one loaded version of a model (app/models/loader.Bundle)."""
+
+    name: str
+    task: str | None
+    manifest: BundleManifest | None
+    tokenizer: TextTokenizer | None
+    batcher: Batcher | None
+    service: TaskService | None
+
+
+class Timings:
+    """One request through the core: its schedule (deadline, priority; None = no deadline, normal)
+    and its seconds per stage (Server-Timing header and bert_stage_seconds)."""
+
+    def __init__(self, schedule: Schedule | None = None) -> None:
+        self.schedule = schedule
+        self.stages: dict[str, float] = {}
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.stages[stage] = self.stages.get(stage, 0.0) + max(0.0, seconds)
+
+    @contextmanager
+    def measure(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(stage, time.perf_counter() - started)
+
+    def header(self) -> str:
+        return ", ".join(f"{stage};dur={seconds * 1000:.2f}" for stage, seconds in self.stages.items())
+
+    def observe(self, metrics: Metrics, task: str, model: str) -> None:
+        for stage, seconds in self.stages.items():
+            metrics.stage.labels(stage=stage, task=task, model=model).observe(seconds)
+
+
+async def gather_all(futures: Sequence[asyncio.Future]) -> list[ItemResult]:
+    """Wait for every future (so none is left with an unretrieved exception), then raise the first error."""
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return list(results)
+
+
+# Below this many characters, tokenizing (tens of microseconds in the Rust tokenizer) costs less
+# than handing the work to a thread and back; longer inputs go to a thread to keep the loop free.
+INLINE_CHARS = 2_000
+
+
+async def cpu_step(chars: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a CPU-bound pre/post-processing step on an input of `chars` characters."""
+    if chars <= INLINE_CHARS:
+        return fn(*args, **kwargs)
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+def check_chars(value: str, limit: int, field: str, setting: str) -> None:
+    if len(value) > limit:
+        raise TextTooLong(f"{field} has {len(value)} characters; the limit is {limit} ({setting})", field)
+
+
+class TaskService:
+    task = ""
+
+    def __init__(self, bundle: ModelVersion, settings: Settings):
+        assert bundle.manifest is not None and bundle.tokenizer is not None and bundle.batcher is not None
+        self.bundle = bundle
+        self.manifest = bundle.manifest
+        self.tokenizer = bundle.tokenizer
+        self.batcher = bundle.batcher
+        self.settings = settings
+        self.max_seq_len = self.manifest.max_seq_len
+        # The overlap the model was trained with, unless WINDOW_OVERLAP overrides it; windows must
+        # advance, so it stays below half a window.
+        overlap = settings.window_overlap
+        if overlap is None:
+            overlap = self.manifest.preprocessing.get("window_overlap")
+        if overlap is None:
+            overlap = default_window_overlap(self.max_seq_len)
+        self.window_overlap = min(overlap, (self.max_seq_len - 2) // 2)
+
+    async def infer(self, items: list[WorkItem], timings: Timings) -> list[ItemResult]:
+        """Submit under the request's schedule (raises QueueFull / TooLarge / BatcherClosed /
+        DeadlineExceeded at once) and wait for every item."""
+        futures = self.batcher.submit(items, timings.schedule)
+        started = time.perf_counter()
+        try:
+            results = await gather_all(futures)
+        finally:
+            for future in futures:
+                future.cancel()  # no-op when done; drops queued work when the caller went away
+        waited = time.perf_counter() - started
+        # Several batches may serve one request: model time is the sum over distinct batches.
+        inference = sum({r.batch_id: r.inference_s for r in results}.values())
+        inference = min(inference, waited)
+        timings.add("inference", inference)
+        timings.add("queue", waited - inference)
+        return results
+
+
+def sequence_items(encodings: Sequence[Encoding]) -> list[WorkItem]:
+    return [WorkItem(payload=e, length=len(e)) for e in encodings]

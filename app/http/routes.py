@@ -1,0 +1,279 @@
+"""HTTP routes: thin wrappers that lease the model's serving version, time it and shape the response.
+
+Each task's POST route is written out with its request schema; tests/test_tasks.py checks that
+path, schemas and summary match the task's registry declaration (processing/tasks.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import SecretStr
+
+from app.core.batch_types import Schedule
+from app.core.embed_service import EmbedService
+from app.core.scheduling import schedule_for
+from app.core.services import (
+    ChoiceService,
+    ClassifyService,
+    NERService,
+    QAService,
+    service_of,
+    tokenize_texts,
+)
+from app.core.task_service import TaskService, Timings
+from app.errors import NoModel, Unauthorized
+from app.http.errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
+from app.http.middleware import MODEL_SCOPE_KEY
+from app.http.schemas import (
+    ChoiceRequest,
+    ChoiceResponse,
+    ClassifyBatchResponse,
+    ClassifyRequest,
+    ClassifyResult,
+    EmbedRequest,
+    EmbedResponse,
+    NERRequest,
+    NERResponse,
+    OpenAIEmbeddingRequest,
+    OpenAIEmbeddingResponse,
+    QARequest,
+    QAResponse,
+    SimilarityRequest,
+    SimilarityResponse,
+)
+from app.http.service_schemas import HealthResponse, ModelsResponse, ReadyResponse, TokenizeRequest, TokenOut
+from app.models.listing import list_models
+from app.models.loader import Bundle
+from processing.tasks import TASKS
+
+router = APIRouter()
+
+
+def state_of(request: Request) -> Any:
+    return request.app.state.service_state
+
+
+def check_bearer(request: Request, key: SecretStr, what: str) -> None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    # compare_digest: the comparison time must not reveal how much of the key matched.
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        token.strip().encode("utf-8"), key.get_secret_value().encode("utf-8")
+    ):
+        raise Unauthorized(f"missing or invalid {what}: send 'Authorization: Bearer <key>'")
+
+
+async def require_api_key(request: Request) -> None:
+    key = state_of(request).settings.api_key
+    if key is not None:
+        check_bearer(request, key, "API key")
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # The body has been read, so the next ASGI message can only be the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def serve(
+    request: Request,
+    response: Response,
+    kind: type[TaskService],
+    body: Any,
+    call: Callable[..., Awaitable[Any]] | None = None,
+) -> Any:
+    """Run `body` on the service of type `kind` (its task's) of the model the request picks: the
+    service itself, or `call(service, body, timings)` (a protocol adapter's method of it)."""
+    # Every task request has `timeout_ms` and `priority` (schemas.Request); a body without them
+    # is scheduled by its headers alone.
+    schedule = schedule_for(
+        request.headers, getattr(body, "timeout_ms", None), getattr(body, "priority", None)
+    )
+
+    async def work(bundle: Bundle, timings: Timings) -> Any:
+        service = service_of(bundle, kind)
+        return await (call(service, body, timings) if call else service(body, timings))
+
+    return await run_leased(request, response, kind.task, body.model, work, schedule)
+
+
+def not_serving(model: str, version: str, serving: str | None) -> NoModel:
+    return NoModel(f"model {model!r} does not serve version {version!r} (serving: {serving or 'none'})")
+
+
+async def run_leased(
+    request: Request,
+    response: Response,
+    task: str | None,
+    model: str | None,
+    work: Callable[[Bundle, Timings], Awaitable[Any]],
+    schedule: Schedule | None = None,
+    version: str | None = None,
+) -> Any:
+    """Run `work` on the version serving `model` (of `task`, if given; or the task's default) under the
+    request's schedule; drop it if the client goes away. With `version`, only that version may serve."""
+    state = state_of(request)
+    # The version serving now answers the whole request, even if a new one is swapped in meanwhile.
+    with state.registry.lease(task, model) as bundle:
+        if version is not None and version != bundle.version:
+            raise not_serving(bundle.name, version, bundle.version)
+        request.scope[MODEL_SCOPE_KEY] = bundle.name
+        timings = Timings(schedule)
+        work_task = asyncio.ensure_future(work(bundle, timings))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+        try:
+            await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not work_task.done():
+                work_task.cancel()  # client gone (or we were cancelled): its queued work is dropped
+            watcher.cancel()
+        if not work_task.done() or work_task.cancelled():
+            return Response(status_code=CLIENT_CLOSED)
+        result = work_task.result()
+    timings.observe(state.metrics, bundle.task, bundle.name)
+    response.headers["Server-Timing"] = timings.header()
+    response.headers["X-Model"] = bundle.name
+    response.headers["X-Model-Version"] = bundle.version
+    response.headers.update(getattr(result, "_headers", None) or {})  # e.g. what happened to long inputs
+    return result
+
+
+# The task routes. Path, schemas and summary are the task's registry declaration (processing/tasks.py).
+AUTH = [Depends(require_api_key)]
+
+
+@router.post(
+    "/classify",
+    response_model=ClassifyResult | ClassifyBatchResponse,
+    summary=TASKS["classify"].summary,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+)
+async def classify(body: ClassifyRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, ClassifyService, body)
+
+
+@router.post(
+    "/ner",
+    response_model=NERResponse,
+    summary=TASKS["ner"].summary,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+)
+async def ner(body: NERRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, NERService, body)
+
+
+@router.post(
+    "/multiple-choice",
+    response_model=ChoiceResponse,
+    summary=TASKS["multiple-choice"].summary,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+)
+async def multiple_choice(body: ChoiceRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, ChoiceService, body)
+
+
+@router.post(
+    "/qa", response_model=QAResponse, summary=TASKS["qa"].summary, responses=TASK_RESPONSES, dependencies=AUTH
+)
+async def qa(body: QARequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, QAService, body)
+
+
+@router.post(
+    "/embed",
+    response_model=EmbedResponse,
+    summary=TASKS["embed"].summary,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+)
+async def embed(body: EmbedRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, EmbedService, body)
+
+
+@router.post(
+    "/tokenize",
+    response_model=list[list[TokenOut]],
+    responses=TOKENIZE_RESPONSES,
+    dependencies=AUTH,
+    summary="Tokens with ids and character offsets, from a model's tokenizer (TEI's /tokenize)",
+)
+async def tokenize(body: TokenizeRequest, request: Request, response: Response) -> Any:
+    model = body.model or state_of(request).registry.shared_tokenizer_model()
+    settings = state_of(request).settings
+    return await run_leased(
+        request, response, None, model, lambda bundle, _: tokenize_texts(bundle, body, settings)
+    )
+
+
+def readiness(request: Request) -> tuple[bool, str, dict[str, str], dict[str, str]]:
+    """The registry's readiness, and never ready while shutting down (/ready, /v2/health/ready)."""
+    state = state_of(request)
+    is_ready, status, models, errors = state.registry.readiness()
+    if state.shutting_down:
+        is_ready, status = False, "shutting_down"
+    return is_ready, status, models, errors
+
+
+# Other protocols' routes onto a registry task's service: OpenAI's and TEI's embedding endpoints.
+@router.post(
+    "/v1/embeddings",
+    response_model=OpenAIEmbeddingResponse,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+    summary="Sentence embeddings, OpenAI-compatible (float or base64, with token usage)",
+)
+async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, EmbedService, body, EmbedService.openai)
+
+
+@router.post(
+    "/similarity",
+    response_model=SimilarityResponse,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+    summary="Cosine similarity of a source sentence with each of a list (text-embeddings-inference's)",
+)
+async def similarity(body: SimilarityRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, EmbedService, body, EmbedService.similarity)
+
+
+@router.get("/health", response_model=HealthResponse, summary="Liveness: the process answers")
+async def health() -> HealthResponse:
+    return HealthResponse()
+
+
+@router.get(
+    "/ready",
+    response_model=ReadyResponse,
+    responses={NOT_READY: {"model": ReadyResponse}},
+    summary="Readiness: every bundle loaded and warmed, and not shutting down",
+)
+async def ready(request: Request) -> JSONResponse:
+    is_ready, status, models, errors = readiness(request)
+    body = ReadyResponse(ready=is_ready, status=status, models=models, errors=errors)
+    return JSONResponse(body.model_dump(), status_code=200 if is_ready else NOT_READY)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    registry = state_of(request).metrics
+    return Response(registry.render(), media_type=registry.content_type)
+
+
+@router.get(
+    "/models",
+    response_model=ModelsResponse,
+    dependencies=AUTH,
+    responses=MODELS_RESPONSES,
+    summary="Every model: task, labels, version, status, memory, variant, execution provider and limits",
+)
+async def models(request: Request) -> ModelsResponse:
+    return list_models(state_of(request).registry)

@@ -1,0 +1,317 @@
+"""Where one request's time goes: per stage, at concurrency 1 and 32, for /classify, /embed and /qa.
+
+    .venv/bin/python -m benchmarks.breakdown                      # ~6 min, all three endpoints
+    .venv/bin/python -m benchmarks.breakdown --endpoints classify --duration 5
+
+Two sources, side by side. The service's own timings: the per-stage histograms it exports
+(`bert_stage_seconds`: tokenize, queue, inference, postprocess) and its request latency, read from
+/metrics before and after each load. And a sampling profiler: py-spy samples every Python thread of
+the server (idle ones too) while the service benchmark's load generator drives it; each sample is
+put in one stage by its innermost frame that a rule below names. A stage's time per request is its
+share of a thread's samples times the load's wall time, over the requests served. The event loop
+is the server's main thread; "other threads" are the inference workers (their ORT run and
+collate) and the to_thread pool. py-spy needs ptrace (root, or CAP_SYS_PTRACE).
+Writes benchmarks/results/breakdown.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchmarks import bench_common as common
+from benchmarks import loadgen
+from benchmarks.service_bench import our_server
+
+ENDPOINTS = ("classify", "embed", "qa")
+BUNDLES = {"classify": "sst2-minilm", "embed": "all-minilm-l6-v2", "qa": "squad-minilm"}
+
+# (stage, function pattern, file pattern): a sample goes to the first rule matching its innermost
+# frame, else the next frame out, and so on. Order matters only within one frame.
+RULES: list[tuple[str, str, str]] = [
+    ("ORT run", r".*", r"onnxruntime/"),
+    ("ORT run", r"^(OrtRuntime\.)?(run|run_alone|_run_bound)$|^RuntimePool\.run", r"app/.*runtime\.py"),
+    ("collate/pad", r"pad_batch|pad_choices|collate|<lambda>", r"processing/padding\.py|app/loader\.py"),
+    ("tokenize", r"encode|tokeni[sz]e|make_windows|token_spans|_encode", r"processing/|app/"),
+    ("decode", r".*", r"processing/"),
+    ("serialize", r"serialize_response|jsonable_encoder|render|dumps|dump_json|_prepare_response", r".*"),
+    ("serialize", r"JSONResponse\.__init__|Response\.__init__|init_headers", r"starlette/responses\.py"),
+    ("write", r"send|write", r"uvicorn/protocols/http/|asyncio/(selector_events|transports)\.py"),
+    ("write", r"Response\.__call__", r"starlette/responses\.py"),
+    ("parse", r"^(Request\.)?(json|body|stream)$|loads|decode", r"starlette/requests\.py|json/|fastapi/"),
+    ("parse", r"replay|BodyLimitMiddleware", r"app/.*middleware\.py"),
+    ("validate", r"validate|request_body_to_args|solve_dependencies|_get_value|check_chars", r".*"),
+    ("admission/queue", r".*", r"app/.*(batcher|batch_types|scheduling)\.py"),
+    ("admission/queue", r"AdmissionMiddleware|lease|infer|gather_all", r"app/"),
+    ("metrics/logs", r".*", r"prometheus_client/|logging/|app/.*(logs|metrics)\.py"),
+    ("http in (uvicorn)", r"^(?!.*run_asgi).*", r"uvicorn/protocols/http/|httptools"),
+    ("routing/middleware", r".*", r"starlette/|fastapi/|app/.*middleware\.py|app/.*routes\.py"),
+    ("service glue", r".*", r"app/"),
+    ("asyncio machinery", r".*", r"asyncio/|uvloop/|contextvars"),
+]
+STAGES = [
+    "parse",
+    "validate",
+    "tokenize",
+    "admission/queue",
+    "collate/pad",
+    "ORT run",
+    "decode",
+    "serialize",
+    "write",
+    "http in (uvicorn)",
+    "routing/middleware",
+    "metrics/logs",
+    "service glue",
+    "asyncio machinery",
+    "other",
+    "idle",
+]
+FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
+IDLE_LEAVES = re.compile(
+    r"Runner\.run \(asyncio/runners\.py|run \(uvloop/|threading\.py|queue\.py|concurrent/futures/thread\.py"
+)
+_COMPILED = [(stage, re.compile(f), re.compile(p)) for stage, f, p in RULES]
+
+
+def stage_of(frames: list[str]) -> str:
+    """The stage of one sample: its innermost frame that a rule names; idle when the thread waits."""
+    if not frames or IDLE_LEAVES.search(frames[-1]):
+        return "idle"
+    for frame in reversed(frames):
+        match = FRAME.match(frame)
+        if match is None:
+            continue
+        for stage, func, path in _COMPILED:
+            if path.search(match["file"]) and func.search(match["func"]):
+                return stage
+    return "other"
+
+
+def parse_raw(text: str) -> dict[str, Counter]:
+    """py-spy's raw output ("thread (tid): name;frame;...;frame count") -> {thread kind: Counter(stage)}."""
+    threads: dict[str, Counter] = {"event loop": Counter(), "other threads": Counter()}
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        head, *frames = stack.split(";")
+        # The head names the thread; the main thread runs the event loop.
+        kind = "event loop" if head.endswith(": MainThread") else "other threads"
+        threads[kind][stage_of(frames)] += int(count)
+    return threads
+
+
+def per_request_ms(samples: dict[str, Counter], duration_s: float, requests: int) -> dict:
+    """Each stage's thread time per request served. The event loop is sampled all the time, so its
+    samples per second of wall time convert any thread's samples to seconds."""
+    per_s = sum(samples["event loop"].values()) / duration_s if duration_s else 0.0
+    if not per_s or not requests:
+        return {}
+    return {
+        kind: {stage: round(1000 * counts[stage] / per_s / requests, 3) for stage in STAGES if counts[stage]}
+        for kind, counts in samples.items()
+    }
+
+
+def scrape(url: str) -> dict[tuple[str, ...], float]:
+    """Sums and counts of the stage and latency histograms from /metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[tuple[str, ...], float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        if family.name not in ("bert_stage_seconds", "bert_request_latency_seconds"):
+            continue
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count")):
+                label = sample.labels.get("stage") or sample.labels.get("endpoint", "")
+                found[(family.name, label, sample.name.rsplit("_", 1)[1])] = sample.value
+    return found
+
+
+def own_timings(before: dict, after: dict, endpoint: str) -> dict[str, float]:
+    """The service's mean ms per request of each stage it times, and of the whole request."""
+    out = {}
+    for family, label, kind in after:
+        if kind != "count" or (family == "bert_request_latency_seconds" and label != f"/{endpoint}"):
+            continue
+        n = after[(family, label, "count")] - before.get((family, label, "count"), 0.0)
+        total = after[(family, label, "sum")] - before.get((family, label, "sum"), 0.0)
+        if n > 0:
+            out["server total" if family == "bert_request_latency_seconds" else label] = round(
+                1000 * total / n, 3
+            )
+    return out
+
+
+def profile_level(url: str, pid: int, endpoint: str, level: int, args: argparse.Namespace) -> dict:
+    raw = args.work_dir / "breakdown" / f"{endpoint}-c{level}.txt"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    config = loadgen.LoadConfig(
+        url=url,
+        duration_s=args.duration,
+        concurrency=level,
+        endpoints={endpoint: 1.0},
+        timeout_s=120.0,
+        seed=args.seed,
+    )
+    before = scrape(url)
+    spy = subprocess.Popen(
+        [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--rate", str(args.rate)]
+        + ["--duration", str(int(args.duration)), "--format", "raw", "--threads", "--idle", "--nonblocking"]
+        + ["-o", str(raw)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(0.3)  # py-spy attaches
+    report = loadgen.run(config)
+    _, err = spy.communicate(timeout=60)
+    if spy.returncode != 0:
+        raise SystemExit(f"py-spy failed ({spy.returncode}): {err.decode(errors='replace')[-800:]}")
+    after = scrape(url)
+    samples = parse_raw(raw.read_text())
+    return {
+        "concurrency": level,
+        "requests": report["ok"],
+        "errors": report["errors"],
+        "throughput_rps": report["throughput_rps"],
+        "client_latency_ms": report["latency_ms"],
+        "service_timings_ms": own_timings(before, after, endpoint),
+        "profile_ms_per_request": per_request_ms(samples, report["elapsed_s"], report["ok"]),
+        "samples": {k: dict(v) for k, v in samples.items()},
+    }
+
+
+def run_endpoint(endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    bundle = common.require_bundle(args.bundles_dir / BUNDLES[endpoint], endpoint)
+    port = common.free_port()
+    url = f"http://127.0.0.1:{port}"
+    args.threads, args.instances = 0, 0
+    command, env = our_server(bundle, port, args, args.work_dir / "models-dir" / f"breakdown-{endpoint}")
+    log_path = args.work_dir / "logs" / f"breakdown-{endpoint}.log"
+    print(f"/{endpoint}: {' '.join(command)}", flush=True)
+    with common.server(command, env, log_path, url, 300.0) as pid:
+        info = httpx.get(f"{url}/models", timeout=10).json()
+        (model,) = [m for m in info["models"] if m["status"] == "ready"]
+        loadgen.run(
+            loadgen.LoadConfig(
+                url=url, duration_s=args.warmup, concurrency=32, endpoints={endpoint: 1.0}, seed=args.seed
+            )
+        )
+        levels = []
+        for level in args.concurrency:
+            row = profile_level(url, pid, endpoint, level, args)
+            print(
+                f"  c={level:<3} {row['throughput_rps']:8.1f} req/s  p50 {row['client_latency_ms']['p50']} ms"
+                f"  service {row['service_timings_ms']}",
+                flush=True,
+            )
+            levels.append(row)
+    return {"bundle": str(bundle), "model": model, "levels": levels}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# Per-stage breakdown of one request",
+        "",
+        f"`{report['command']}` on {common.machine_line(report['machine'])}.",
+        "",
+        "Each endpoint's bundle served alone by `uvicorn app.main:app` (its defaults), closed-loop load "
+        f"from benchmarks/loadgen.py for {report['duration_s']:g} s per level, py-spy at "
+        f"{report['rate']} Hz on every thread (idle included). Profile columns: ms per request = the "
+        "stage's samples converted to thread time / requests served ('other threads' summed over "
+        "the inference and to_thread workers; idle there counts each idle worker). Service "
+        "columns: the service's own stage histograms "
+        "(Server-Timing). The load generator shares the 2 cores with the server, and py-spy takes "
+        "some CPU too: compare rows of one run, not with other files.",
+        "",
+    ]
+    for endpoint, entry in report["endpoints"].items():
+        lines += [f"## /{endpoint}", ""]
+        levels = entry["levels"]
+        header = "| stage | " + " | ".join(
+            f"c={r['concurrency']} loop ms | c={r['concurrency']} other threads ms" for r in levels
+        )
+        lines += [header + " |", "|---|" + "---:|---:|" * len(levels)]
+        for stage in STAGES:
+            cells = []
+            for r in levels:
+                prof = r["profile_ms_per_request"]
+                cells += [prof.get(name, {}).get(stage) for name in ("event loop", "other threads")]
+            if any(cells):
+                lines.append(
+                    f"| {stage} | " + " | ".join("" if c is None else f"{c:.3f}" for c in cells) + " |"
+                )
+        lines += ["", "| | " + " | ".join(f"c={r['concurrency']}" for r in levels) + " |"]
+        lines.append("|---|" + "---:|" * len(levels))
+        lines.append(
+            "| throughput, req/s | " + " | ".join(f"{r['throughput_rps']:.1f}" for r in levels) + " |"
+        )
+        lines.append(
+            "| client p50 / p99, ms | "
+            + " | ".join(f"{r['client_latency_ms']['p50']} / {r['client_latency_ms']['p99']}" for r in levels)
+            + " |"
+        )
+        for key in ("server total", "tokenize", "queue", "inference", "postprocess"):
+            lines.append(
+                f"| service's own: {key}, mean ms | "
+                + " | ".join(str(r["service_timings_ms"].get(key, "")) for r in levels)
+                + " |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--endpoints", default=",".join(ENDPOINTS))
+    p.add_argument("--concurrency", default="1,32")
+    p.add_argument("--duration", type=float, default=15.0, help="seconds of profiled load per level")
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu-variant", default="int8-rowwise")
+    p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--bundles-dir", type=Path, default=common.ROOT / ".cache" / "bundles")
+    p.add_argument("--work-dir", type=Path, default=common.WORK)
+    p.add_argument("--out", type=Path, default=common.RESULTS)
+    p.add_argument("--name", default="breakdown")
+    args = p.parse_args(argv)
+    args.endpoints = [e for e in args.endpoints.split(",") if e]
+    if not args.endpoints or set(args.endpoints) - set(ENDPOINTS):
+        p.error(f"--endpoints must name some of {ENDPOINTS}")
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    args.server_env = dict(item.split("=", 1) for item in args.server_env)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report: dict[str, Any] = {
+        "created_at": common.now(),
+        "command": "python -m benchmarks.breakdown " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": common.machine_info(),
+        "duration_s": args.duration,
+        "rate": args.rate,
+        "concurrency": args.concurrency,
+        "server_env": args.server_env,
+        "rules": RULES,
+        "endpoints": {e: run_endpoint(e, args) for e in args.endpoints},
+    }
+    common.write_results(args.out, args.name, report, markdown(report), None)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

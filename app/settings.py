@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     default_bundles: str = ""
     classify_long_text: Literal["truncate", "windows"] = "truncate"
-    # Request shapes vary per batch: see SessionTuning in app/backend/runtime.py and benchmarks/ort_memory.py.
+    # Request shapes vary per batch: SessionTuning in app/backend/runtime.py, docs/decisions.md (ort_memory).
     ort_spinning: Literal["auto", "on", "off"] = Field(
         "auto", description="Idle ORT threads spin-wait; auto = on only when one model has the cores"
     )

@@ -6,7 +6,7 @@
 Each setting starts `uvicorn app.main:app` on the SST-2 bundle alone with a few environment
 overrides, warms up, then runs the closed-loop load generator at each concurrency. Besides
 throughput and latency it reads the batcher's own histograms from /metrics: the mean batch size
-and the padded tokens per request, which explain the throughput. The defaults in app/runtime.py
+and the padded tokens per request, which explain the throughput. The defaults in app/backend/runtime.py
 (CPU_PADDING_FACTOR, resolve_instances) were chosen from this table.
 Writes benchmarks/results/batching_sweep.{json,md,png} (batching_sweep_<endpoint>.* for others).
 """

@@ -3,7 +3,7 @@
 Gives the references the service is judged against (model-only single-request time and
 batched throughput on the same payloads) and an in-process QA reader (processing.qa over ORT,
 exactly the service's steps without HTTP, queueing or cross-request batching).
-The session is made with app.runtime.create_runtime, so it has the server's session options.
+The session is made with app.backend.runtime.create_runtime, so it has the server's session options.
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ class SessionTuning:
     Settings (ORT_MEM_PATTERN, ORT_CPU_ARENA, ORT_ARENA_SHRINKAGE) picks the service's.
 
     Request shapes vary with every batch. The memory-pattern planner then plans for shapes that
-    never recur, and the arena keeps its peak forever; benchmarks/ort_memory.py measures both.
+    never recur, and the arena keeps its peak forever; docs/decisions.md (ort_memory) has the numbers.
     """
 
     spinning: bool = True  # idle intra-op threads spin; off when several sessions share the cores
@@ -340,7 +340,7 @@ def fix_malloc_mmap_threshold(nbytes: int) -> bool:
 
     glibc raises its mmap threshold after the first large free; from then on the buffers of each
     new (batch, length) shape come from the heap, which fragments and keeps growing (see
-    benchmarks/ort_memory.py). Fixing the threshold stops that. glibc only; returns whether it applied.
+    docs/decisions.md, ort_memory). Fixing the threshold stops that. glibc only; returns whether it applied.
     """
     if nbytes <= 0 or not sys.platform.startswith("linux"):
         return False

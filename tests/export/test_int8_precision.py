@@ -101,7 +101,7 @@ def worst_case(seed: int = 0):
 
 
 def test_sessions_for_serving_and_evaluation_add_up_exactly():
-    """The worst case through the sessions the service (app.runtime) and offline evaluation and
+    """The worst case through the sessions the service (app.backend.runtime) and offline evaluation and
     export checks (export.verify) open, with this CPU's real flags: exact on any CPU, whichever
     branch `needs_exact_int8` takes here."""
     pytest.importorskip("onnx")

@@ -199,3 +199,16 @@ def test_grafana_is_provisioned(services):
     assert mounts["./grafana/dashboards"] == dashboards_dir
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert (DEPLOY / "grafana" / "dashboards" / Path(home).relative_to(dashboards_dir)).is_file()
+
+
+def test_nginx_gives_its_own_502_one_fresh_pass():
+    """A retry that finds the replicas re-resolved under it gets "no live upstreams" (502) although
+    live replicas serve; one more pass from a named location picks afresh (docs/decisions.md)."""
+    conf = nginx_conf()
+    root = re.search(r"location\s+/\s*\{([^}]*)\}", conf).group(1)
+    named = re.search(r"error_page\s+502\s+=\s*(@\w+);", root).group(1)
+    again = re.search(rf"location\s+{named}\s*\{{([^}}]*)\}}", conf).group(1)
+    assert re.search(r"proxy_pass\s+http://api;", again)
+    assert "proxy_intercept_errors on" not in conf, "a replica's own 502 is its answer, not retried"
+    body = re.search(r"client_body_buffer_size\s+(\w+);", conf).group(1)
+    assert body == re.search(r"client_max_body_size\s+(\w+);", conf).group(1), "the body is kept for the pass"

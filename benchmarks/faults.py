@@ -332,11 +332,16 @@ def markdown(report: dict[str, Any]) -> str:
         + (f"; replica settings {report['replica_env']}" if report["replica_env"] else "")
         + f". {report['machine_line']}",
         "",
-        "The local compose topology (`deploy/local/stack.py`: nginx with `deploy/nginx/nginx.conf`, "
-        "Prometheus with `deploy/prometheus/prometheus.yml`, replicas with the compose environment and one "
-        "single-threaded model instance each) under closed-loop load of the loadgen mix "
-        "(classify, NER, multiple choice, QA). Errors count every non-2xx answer, schema violation, "
-        "connection error and timeout the clients saw.",
+        (
+            "`deploy/docker-compose.yml` itself as podman containers (`deploy/podman/stack.py`: the built "
+            "image's replicas on a read-only root, nginx and Prometheus; kill -9 is `podman kill -s KILL`, "
+            "the roll `podman stop` then `podman start`)"
+            if report.get("stack", "").startswith("deploy/docker-compose.yml")
+            else "The local compose topology (`deploy/local/stack.py`: nginx with `deploy/nginx/nginx.conf`, "
+            "Prometheus with `deploy/prometheus/prometheus.yml`, replicas with the compose environment)"
+        )
+        + " under closed-loop load of the loadgen mix (classify, NER, multiple choice, QA). Errors count "
+        "every non-2xx answer, schema violation, connection error and timeout the clients saw.",
         "",
         "| phase | requests | errors | connection errors | retried by nginx | p50 ms | p99 ms "
         "| p99 ms during the fault | max ms |",

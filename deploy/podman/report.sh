@@ -49,7 +49,7 @@ result = {
 json.dump(result, open("benchmarks/results/image.json", "w"), indent=2)
 lines = [
     "# The CPU image, built and checked", "",
-    f"`{result['command']}` on {cpu} (2 cores, load average {load} at the start: other jobs shared the cores).", "",
+    f"`{result['command']}` on {cpu} (2 cores, load average {load} at the start).", "",
     "| what | value |", "|---|---:|",
     f"| build time, no layer cache (pip installs, five defaults exported) | {build_s} s |",
     f"| image size | {result['size_mb']} MB |",

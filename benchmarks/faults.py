@@ -214,8 +214,7 @@ def wait_for_scrape(stack: Any, expected_requests: int, timeout_s: float) -> dic
     deadline = time.monotonic() + timeout_s
     while True:
         state = scraped_state(stack)
-        up = state["targets_up"]
-        done = len(up) == len(stack.replicas) and all(up.values())
+        done = set(state["targets_up"]) == stack.expected_targets() and all(state["targets_up"].values())
         if (done and state["requests_counted"] >= expected_requests) or time.monotonic() > deadline:
             state["expected_requests"] = expected_requests
             state["all_targets_up"] = done

@@ -144,6 +144,10 @@ class LocalStack:
     def prometheus_url(self) -> str:
         return f"http://127.0.0.1:{self.config.prometheus_port}"
 
+    def expected_targets(self) -> set[str]:
+        """The instances Prometheus should scrape: every replica."""
+        return {f"127.0.0.1:{port}" for port in self.config.replica_ports}
+
     def replica_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.config.replica_ports[index]}"
 

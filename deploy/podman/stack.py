@@ -36,6 +36,17 @@ READY = (
 )
 
 
+def podman_env() -> dict[str, str]:
+    """This environment with podman's settings for these machines (CONTAINERS_CONF, unless set)."""
+    return {"CONTAINERS_CONF": str(CONTAINERS_CONF), **os.environ}
+
+
+def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["podman", *args], env=podman_env(), capture_output=True, text=True, check=check, timeout=timeout
+    )
+
+
 def podman_compose() -> list[str]:
     found = shutil.which("podman-compose") or str(Path(sys.executable).parent / "podman-compose")
     return [found]
@@ -57,8 +68,7 @@ class ComposeStack:
         self.ready_timeout_s = ready_timeout_s
         self.run_dir = Path(tempfile.mkdtemp(prefix=f"{project}-"))  # every container's log, kept at stop
         self.env = {
-            **os.environ,
-            "CONTAINERS_CONF": str(CONTAINERS_CONF),
+            **podman_env(),
             "HTTP_PORT": str(http_port),
             "PROMETHEUS_PORT": str(prometheus_port),
         }
@@ -77,13 +87,14 @@ class ComposeStack:
     def replicas(self) -> list[int]:
         return list(range(1, self.replica_count + 1))
 
+    def expected_targets(self) -> set[str]:
+        """The instances Prometheus should scrape: every replica's current address on the network."""
+        template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+        found = podman("inspect", "--format", template, *map(self.container, self.replicas))
+        return {f"{address}:8000" for address in found.stdout.split()}
+
     def container(self, index: int) -> str:
         return f"{self.project}_api_{index}"
-
-    def podman(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            ["podman", *args], env=self.env, capture_output=True, text=True, check=check, timeout=timeout
-        )
 
     def compose(self, *args: str, timeout: float = 600) -> None:
         command = [*podman_compose(), "-p", self.project, "-f", str(COMPOSE_FILE), *args]
@@ -93,18 +104,18 @@ class ComposeStack:
 
     # ------------------------------------------------------------------ replicas
     def running(self, index: int) -> bool:
-        state = self.podman("inspect", "--format", "{{.State.Running}}", self.container(index), check=False)
+        state = podman("inspect", "--format", "{{.State.Running}}", self.container(index), check=False)
         return state.stdout.strip() == "true"
 
     def start_replica(self, index: int) -> None:
         """Start it again, unless the restart policy already has."""
         if not self.running(index):
-            self.podman("start", self.container(index))
+            podman("start", self.container(index))
 
     def wait_replica_ready(self, index: int, timeout_s: float | None = None) -> float:
         """/ready from inside the container (the host reaches it only through nginx); seconds waited."""
         started = time.monotonic()
-        while self.podman("exec", self.container(index), "python3", "-c", READY, check=False).returncode != 0:
+        while podman("exec", self.container(index), "python3", "-c", READY, check=False).returncode != 0:
             if time.monotonic() - started > (timeout_s or self.ready_timeout_s):
                 raise TimeoutError(f"replica {index} not ready in time:\n{self.log_tail(index)}")
             time.sleep(0.5)
@@ -112,21 +123,21 @@ class ComposeStack:
 
     def signal_replica(self, index: int, sig: signal.Signals) -> None:
         if sig == signal.SIGTERM:  # as `docker compose stop`: SIGTERM, and no restart by the policy
-            self.podman("stop", "--time", "40", self.container(index), timeout=60)
+            podman("stop", "--time", "40", self.container(index), timeout=60)
         else:
-            self.podman("kill", "--signal", sig.name, self.container(index))
+            podman("kill", "--signal", sig.name, self.container(index))
 
     def wait_replica_exit(self, index: int, timeout_s: float = 60.0) -> int:
         """Its exit status, once it has exited (a restart policy may start it again right after)."""
-        done = self.podman("wait", self.container(index), timeout=timeout_s, check=False)
+        done = podman("wait", self.container(index), timeout=timeout_s, check=False)
         return int(done.stdout.strip() or -1)
 
     def log_tail(self, index: int, chars: int = 3000) -> str:
-        done = self.podman("logs", self.container(index), check=False)
+        done = podman("logs", self.container(index), check=False)
         return (done.stdout + done.stderr)[-chars:]
 
     def nginx_log(self) -> str:
-        done = self.podman("logs", f"{self.project}_nginx_1", check=False)
+        done = podman("logs", f"{self.project}_nginx_1", check=False)
         return done.stdout + done.stderr
 
     # ------------------------------------------------------------------ the stack
@@ -139,7 +150,7 @@ class ComposeStack:
             wait_http(url, self.ready_timeout_s)
 
     def save_logs(self) -> None:
-        listed = self.podman(
+        listed = podman(
             "ps",
             "-a",
             "--format",
@@ -148,7 +159,7 @@ class ComposeStack:
             f"label=io.podman.compose.project={self.project}",
         )
         for name in listed.stdout.split():
-            done = self.podman("logs", name, check=False)
+            done = podman("logs", name, check=False)
             (self.run_dir / f"{name}.log").write_text(done.stdout + done.stderr)
         print(f"container logs: {self.run_dir}", file=sys.stderr)
 
@@ -157,10 +168,10 @@ class ComposeStack:
         # podman-compose's `down` forgets replicas made by --scale: those go by the project's label.
         # A container the restart policy is bringing back can refuse one `rm`: try again.
         for _ in range(5):
-            leftover = self.podman("ps", "-aq", "--filter", f"label=io.podman.compose.project={self.project}")
+            leftover = podman("ps", "-aq", "--filter", f"label=io.podman.compose.project={self.project}")
             if not (ids := leftover.stdout.split()):
                 break
-            self.podman("rm", "-f", "-t", "40", *ids, check=False, timeout=120)
+            podman("rm", "-f", "-t", "40", *ids, check=False, timeout=120)
             time.sleep(1)
         else:
             print(f"warning: containers of {self.project} left behind: {' '.join(ids)}", file=sys.stderr)

@@ -10,8 +10,8 @@
 #               needs 1.27.3+), with the official image's template step (local resolvers, envsubst)
 #   prometheus  localhost/prometheus-standin:latest  for prom/prometheus
 set -euo pipefail
-PODMAN=(podman --runtime runc --cgroup-manager cgroupfs)
-BUILD=(build --network host --ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
+# podman's settings for these machines: ../shared/notes/containers.md.
+export CONTAINERS_CONF="${CONTAINERS_CONF:-$(cd "$(dirname "$0")" && pwd)/containers.conf}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
@@ -20,7 +20,7 @@ rootfs() {
   # sid's snapshot on the mirror may carry an expired Release date.
   mmdebstrap --quiet --variant=minbase --aptopt='Acquire::Check-Valid-Until "false"' \
     --include="$3" "$2" "$work/$1.tar"
-  "${PODMAN[@]}" import "$work/$1.tar" "localhost/$1:rootfs"
+  podman import "$work/$1.tar" "localhost/$1:rootfs"
   rm -f "$work/$1.tar"
 }
 
@@ -28,10 +28,10 @@ rootfs() {
 # host trusts (pip reads it through PIP_CERT, not its own certifi bundle).
 python_standin() {
   cp /etc/ssl/certs/ca-certificates.crt "$work/host-ca.crt"
-  rootfs debian-python3 bookworm ca-certificates,python3,python3-venv,passwd
+  rootfs debian-python bookworm ca-certificates,python3,python3-venv,passwd
   # As in the official image: `python` and `pip` first on PATH, installing into a writable prefix.
   cat > "$work/Containerfile" <<'CONTAINERFILE'
-FROM localhost/debian-python3:rootfs
+FROM localhost/debian-python:rootfs
 COPY host-ca.crt /etc/ssl/certs/ca-certificates.crt
 ENV PATH=/usr/local/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt
@@ -88,14 +88,14 @@ CONTAINERFILE
 }
 
 build_standin() {  # build_standin NAME IMAGE
-  if "${PODMAN[@]}" image exists "$2"; then
+  if podman image exists "$2"; then
     echo "standins: $2 already exists"
     return
   fi
   rm -f "$work"/*
   "${1}_standin"
-  "${PODMAN[@]}" "${BUILD[@]}" -t "$2" -f "$work/Containerfile" "$work"
-  "${PODMAN[@]}" rmi "localhost/debian-$([[ $1 == python ]] && echo python3 || echo "$1"):rootfs" > /dev/null
+  podman build --network host -t "$2" -f "$work/Containerfile" "$work"
+  podman rmi "localhost/debian-$1:rootfs" > /dev/null
   echo "standins: built $2"
 }
 

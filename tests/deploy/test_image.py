@@ -14,7 +14,6 @@ import concurrent.futures
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -23,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from deploy.podman.stack import podman
 from scripts import check_endpoints
 from tests.reliability.conftest import API_KEY, AUTH
+from tests.reliability.live import free_port
 from tests.reliability.test_hostile_inputs import hostile_text_cases, malformed_cases, run_cases
 
 ROOT = Path(__file__).resolve().parents[2]
-PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]  # ../shared/notes/containers.md
-ULIMITS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 STANDIN = "localhost/python-standin:3.11-slim"
 SLIM = "localhost/bert-serving:slim-test"
 SLIM_EXPORT = "--only sst2-minilm --variants int8-rowwise"
@@ -44,10 +43,6 @@ pytestmark = [
         reason="builds a container image (minutes): set IMAGE_TESTS=1 (.ci/run does) or IMAGE_UNDER_TEST",
     ),
 ]
-
-
-def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*PODMAN, *args], capture_output=True, text=True, check=check, timeout=timeout)
 
 
 def torch_wheelhouse() -> str | None:
@@ -78,12 +73,6 @@ def image() -> str:
     return SLIM
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Container:
     """One container of `image`, run with the compose file's environment and the k8s security."""
 
@@ -92,7 +81,7 @@ class Container:
         podman("rm", "-f", name, check=False)
         podman(
             "run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp:rw,size=256m,mode=1777",
-            "-p", f"127.0.0.1:{self.port}:8000", *ULIMITS,
+            "-p", f"127.0.0.1:{self.port}:8000",
             "-e", f"API_KEY={API_KEY}", "-e", "SHUTDOWN_GRACE_S=10", "-e", "INTRA_OP_THREADS=2",
             image,
         )  # fmt: skip
@@ -186,7 +175,7 @@ def test_hostile_inputs_get_answers_or_clear_4xx(container):
 
 def test_no_torch_and_no_build_tools_inside(image):
     listing = podman(
-        "run", "--rm", *ULIMITS, "--entrypoint", "sh", image, "-c",
+        "run", "--rm", "--entrypoint", "sh", image, "-c",
         "pip list --format=freeze; for tool in gcc cc g++ make ld; do command -v $tool; done; true",
     ).stdout  # fmt: skip
     names = {line.split("==")[0].lower() for line in listing.splitlines() if "==" in line}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,14 +28,9 @@ from tests.deploy.files import (
     promql_metric_names,
     series_names,
 )
+from tests.reliability.live import free_port
 
 RATE, DURATION_S = 16, 5
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

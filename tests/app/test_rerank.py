@@ -5,6 +5,7 @@ classify model's batcher, and every bad request is a 4xx naming its field."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import shutil
 from pathlib import Path
@@ -57,6 +58,17 @@ async def classified(client, model: str, texts: list[str]) -> list[dict]:
     return (await post(client, "/classify", body)).json()["results"]
 
 
+def v2_pairs(texts: list[str]) -> dict:
+    rows = [len(texts)]
+    return {
+        "inputs": [
+            {"name": "text", "shape": rows, "datatype": "BYTES", "data": [QUERY] * len(texts)},
+            {"name": "text_pair", "shape": rows, "datatype": "BYTES", "data": texts},
+        ],
+        "outputs": [{"name": "scores"}],
+    }
+
+
 def score_of(result: dict, label: str) -> float:
     return next(s["score"] for s in result["scores"] if s["label"] == label)
 
@@ -71,6 +83,7 @@ async def test_rerank_scores_are_classify_s_positive_probability(rerank_dir):
         results = await classified(client, "ranker", TEXTS)
         nli = (await post(client, "/rerank", {"query": QUERY, "texts": TEXTS, "model": "nli"})).json()
         nli_results = await classified(client, "nli", TEXTS)
+        v2 = await post(client, "/v2/models/ranker/infer", v2_pairs(TEXTS))
     ranks = reply.json()
     assert reply.headers["x-model"] == "ranker"
     assert sorted(r["index"] for r in ranks) == list(range(len(TEXTS)))
@@ -80,6 +93,11 @@ async def test_rerank_scores_are_classify_s_positive_probability(rerank_dir):
     assert {r["index"]: r["score"] for r in ranks} == {
         i: score_of(result, "relevant") for i, result in enumerate(results)
     }
+    # How a V2 client reranks (docs/protocols.md): the pairs as rows, the positive label's probability.
+    rows = [json.loads(row) for row in v2.json()["outputs"][0]["data"]]
+    assert [score_of({"scores": row}, "relevant") for row in rows] == [
+        score_of(result, "relevant") for result in results
+    ]
     # GLUE's RTE/QNLI label order: the label named "entailment" is the positive one, though first.
     assert {r["index"]: r["score"] for r in nli} == {
         i: score_of(result, "entailment") for i, result in enumerate(nli_results)

@@ -10,7 +10,7 @@ import uuid
 
 from app.core.services import Classified, ClassifyService
 from app.core.task_service import Timings, long_input_headers
-from app.errors import InvalidInput, NotAReranker
+from app.errors import NotAReranker
 from app.http.rerank_schemas import (
     InfinityRerankRequest,
     InfinityRerankResponse,
@@ -25,15 +25,6 @@ from app.http.rerank_schemas import (
 from app.http.schemas import EmbeddingUsage
 from app.observe.logs import request_id_var
 from processing import classify as classify_proc
-
-
-def check_direction(direction: str) -> None:
-    if direction.lower() != "right":
-        raise InvalidInput(
-            "only right truncation is served: an input is cut from its end (a pair's longer segment "
-            "first), as /classify cuts it",
-            "truncation_direction",
-        )
 
 
 def check_ranker(service: ClassifyService) -> None:
@@ -75,7 +66,6 @@ async def rank(
 
 async def rerank(service: ClassifyService, request: RerankRequest, timings: Timings) -> RerankResponse:
     """TEI's /rerank."""
-    check_direction(request.truncation_direction)
     order, scores, done = await rank(
         service, request.query, request.texts, "texts", timings, request.raw_scores, request.truncate
     )
@@ -110,7 +100,6 @@ async def infinity_rerank(
 
 async def predict(service: ClassifyService, request: PredictRequest, timings: Timings) -> PredictResponse:
     """TEI's /predict: every label's score, best first, per input."""
-    check_direction(request.truncation_direction)
     pairs, names = request.sequences()
     service.check_count(len(pairs), "inputs")
     done = await service.classify(pairs, names, timings, truncate=request.truncate)

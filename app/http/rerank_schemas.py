@@ -24,7 +24,6 @@ from app.http.schemas import (
     ModelName,
     Request,
     Text,
-    TruncationSide,
     _bounded_int,
     _check_text,
 )
@@ -45,7 +44,8 @@ class PairOptions(Request):
         "false: refuse them (413, as TEI); unset: the /classify rule (pairs are cut; single texts follow "
         "CLASSIFY_LONG_TEXT)",
     )
-    truncation_direction: TruncationSide = Field(
+    # TEI's field; left is refused: /classify cuts an input from its end (a pair's longer segment first).
+    truncation_direction: Literal["right", "Right"] = Field(
         "right", description="Only right: inputs are cut from their end, as /classify cuts them"
     )
 

@@ -230,3 +230,13 @@ def test_default_bundles_names_a_reranker_among_the_classify_models():
     assert parse_default_bundles("rerank=ranker,classify=sst2") == {"rerank": "ranker", "classify": "sst2"}
     with pytest.raises(ValueError, match="rerank"):
         Settings(default_bundles="reranker=ranker")
+
+
+def test_a_checkpoint_s_text_pair_key_reaches_the_bundle():
+    """What marks a pair model: config.json's `text_pair`, copied by export into `preprocessing`."""
+    from types import SimpleNamespace
+
+    from export.checkpoint_fields import preprocessing_rules
+
+    config = SimpleNamespace(extra={"text_pair": True, "window_overlap": 15, "architectures": ["x"]})
+    assert preprocessing_rules(config, "classify") == {"text_pair": True, "window_overlap": 15}

@@ -98,16 +98,13 @@ class ClassifyService(TaskService):
                 self.tokenizer, text, pair, self.max_seq_len, long_text, self.window_overlap
             )
             truncated = len(encodings) == 1 and encodings[0].truncated
-            if truncated and truncate is False:
-                tokens = len(self.tokenizer.tokenize(text)) + 2
-                if pair is not None:
-                    tokens += len(self.tokenizer.tokenize(pair)) + 1
+            if truncated and truncate is False:  # a pair is named by its second text ("texts.3")
+                field, beside = (name, "") if pair is None else (pair_name, f" with {name}")
+                tokens = sum(len(self.tokenizer.tokenize(t)) + 1 for t in (text, pair) if t is not None) + 1
                 raise InputTooLong(
-                    f"{pair_name if pair is not None else name} has {tokens} tokens"
-                    f"{f' with {name}' if pair is not None else ''} and the model reads at most "
-                    f"{self.max_seq_len}: send truncate: true to cut it, or leave truncate unset for "
-                    "the server's rule",
-                    pair_name if pair is not None else name,
+                    f"{field} has {tokens} tokens{beside} and the model reads at most {self.max_seq_len}: "
+                    "send truncate: true to cut it, or leave truncate unset for the server's rule",
+                    field,
                 )
             out.append((encodings, truncated))
         return out

@@ -305,6 +305,13 @@ def quantized_inputs(graph) -> dict[str, int]:
 def outlier_channels(src: Path, batches: list[dict[str, np.ndarray]], k: int, disabled_optimizers=()) -> dict:
     """For every quantized input of `src`, the `k` channels of largest |value| over the real tokens
     of `batches`: fixed at export, so a row's outputs still depend on that row alone."""
+    peak = channel_peaks(src, batches, disabled_optimizers)
+    return {name: np.sort(np.argsort(-values)[:k]).astype(np.int64) for name, values in peak.items()}
+
+
+def channel_peaks(src: Path, batches: list[dict[str, np.ndarray]], disabled_optimizers=()) -> dict:
+    """For every quantized input of `src`, each channel's largest |value| over the real tokens of
+    `batches`."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -328,7 +335,7 @@ def outlier_channels(src: Path, batches: list[dict[str, np.ndarray]], k: int, di
             if len(rows) == len(real):  # token rows: padding carries no meaning
                 rows = rows[real]
             peak[name] = np.maximum(peak[name], rows.max(axis=0))
-    return {name: np.sort(np.argsort(-values)[:k]).astype(np.int64) for name, values in peak.items()}
+    return peak
 
 
 def quantize_rowwise(

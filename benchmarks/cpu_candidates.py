@@ -1,9 +1,8 @@
-"""Invariant INT8 graphs that benchmarks/cpu_int8.py times beside the served `int8-rowwise` and
+"""The invariant INT8 graph that benchmarks/cpu_int8.py times beside the served `int8-rowwise` and
 ORT's dynamic INT8, rewritten from the graph the bundle's int8 variants start from:
-`rowwise, QKV merged` (Q, K and V as one matmul and a Split); `static per-tensor` (one fixed
-activation scale per quantized input, its largest |value| over calibration sentences, so
-MatMulIntegerToFloat takes a scalar scale and the bias: no row statistics, rescale or bias pass);
-`MatMulNBits 8-bit` (ORT's blockwise kernel, which quantizes each row's activations itself).
+`static per-tensor`, one fixed activation scale per quantized input (its largest |value| over
+calibration sentences), so MatMulIntegerToFloat takes a scalar activation scale and the bias: no
+row statistics, no rescale or bias pass; Q, K and V as one matmul. Retired candidates: docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ from pathlib import Path
 import numpy as np
 
 from export import quantize_rowwise as qr
-
-NBITS_BLOCK = 32  # MatMulNBits' block along K; 64 and 128 were slower to no gain (probe)
 
 
 class Candidate:
@@ -28,35 +25,9 @@ class Candidate:
         return make_session(self.path, threads, self.disabled)
 
 
-class MergedQKV(qr._Rewriter):
-    """Q, K and V as one matmul of the shared input, split before MultiHeadAttention."""
-
-    bias_in_matmul = False  # add the QKV bias after the matmul (for fold_bias), not in attention
-
-    def attention(self, node) -> bool:
-        from onnx import helper
-
-        x, weight_name, bias, mask = (list(node.input) + [""] * 4)[:4]
-        weight = self.constant_matrix(weight_name)
-        if weight is None or len(node.input) > 4 or not bias:
-            return False
-        hidden = weight.shape[1] // 3
-        qkv = [self.name(part) for part in "qkv"]
-        sizes = self.const("qkv_sizes", np.array([hidden] * 3, np.int64), True)
-        packed = self.matmul(x, weight)
-        if self.bias_in_matmul:
-            packed, bias = self.node("Add", [packed, bias], "qkv_bias"), ""
-        self.nodes.append(helper.make_node("Split", [packed, sizes], qkv, name=self.name("split"), axis=-1))
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute} | {"domain": qr.MS_DOMAIN}
-        inputs, attrs["name"] = [*qkv, bias] + ([mask] if mask else []), self.name("mha")
-        self.nodes.append(helper.make_node("MultiHeadAttention", inputs, node.output, **attrs))
-        return True
-
-
-class StaticScales(MergedQKV):
-    """One calibrated activation scale per quantized input, GELU's zero point as in int8-rowwise."""
-
-    bias_in_matmul = True
+class StaticScales(qr._Rewriter):
+    """One calibrated activation scale per quantized input (GELU's zero point as in int8-rowwise);
+    Q, K and V as one matmul of the shared input (with its bias), split before MultiHeadAttention."""
 
     def __init__(self, graph, peaks: dict[str, float]):
         super().__init__(graph)
@@ -73,24 +44,21 @@ class StaticScales(MergedQKV):
         zp = self.const(f"zp{zero_point}", np.uint8(zero_point), True)
         return self.node("QuantizeLinear", [x, scale, zp], "codes"), scale, zero_point
 
-
-class NBits(MergedQKV):
-    """ORT's MatMulNBits, 8-bit weights in blocks of NBITS_BLOCK along K, accuracy_level 4: its
-    kernel quantizes each row's activations per block itself."""
-
-    def matmul(self, x: str, weight: np.ndarray, output: str | None = None) -> str:
+    def attention(self, node) -> bool:
         from onnx import helper
 
-        k, n = weight.shape
-        blocks = weight.T.reshape(n, k // NBITS_BLOCK, NBITS_BLOCK)
-        scales = np.maximum(np.abs(blocks).max(-1), qr.TINY) / qr.QMAX
-        codes = (np.clip(np.rint(blocks / scales[..., None]), -qr.QMAX, qr.QMAX) + 128).astype(np.uint8)
-        inputs = [x, self.const("w", codes), self.const("w_scale", scales.astype(np.float32).reshape(-1))]
-        out = output or self.name("matmul")
-        attrs = {"K": k, "N": n, "bits": 8, "block_size": NBITS_BLOCK, "accuracy_level": 4}
-        attrs |= {"name": self.name("nbits"), "domain": qr.MS_DOMAIN}
-        self.nodes.append(helper.make_node("MatMulNBits", inputs, [out], **attrs))
-        return out
+        x, weight_name, bias, mask = (list(node.input) + [""] * 4)[:4]
+        weight = self.constant_matrix(weight_name)
+        if weight is None or len(node.input) > 4 or not bias:
+            return False
+        qkv = [self.name(part) for part in "qkv"]
+        sizes = self.const("qkv_sizes", np.array([weight.shape[1] // 3] * 3, np.int64), True)
+        packed = self.node("Add", [self.matmul(x, weight), bias], "qkv_bias")  # into the matmul: fold_bias
+        self.nodes.append(helper.make_node("Split", [packed, sizes], qkv, name=self.name("split"), axis=-1))
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute} | {"domain": qr.MS_DOMAIN}
+        inputs, attrs["name"] = [*qkv, ""] + ([mask] if mask else []), self.name("mha")
+        self.nodes.append(helper.make_node("MultiHeadAttention", inputs, node.output, **attrs))
+        return True
 
 
 def fold_bias(graph) -> int:
@@ -120,12 +88,12 @@ def fold_bias(graph) -> int:
     return len(drop)
 
 
-def rewrite(source: Path, out: Path, rewriter: type, **kwargs) -> Path:
+def rewrite(source: Path, out: Path, peaks: dict[str, float]) -> Path:
     import onnx
 
     model = onnx.load(str(source))
     qr.upgrade_opset(model)
-    rewriter(model.graph, **kwargs).rewrite()
+    StaticScales(model.graph, peaks).rewrite()
     fold_bias(model.graph)
     if not any(op.domain == qr.MS_DOMAIN for op in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(qr.MS_DOMAIN, 1))
@@ -167,12 +135,5 @@ def candidates(bundle: Path, work: Path, calibration: list[dict[str, np.ndarray]
         optimize.fuse(fp32, source, SimpleNamespace(**manifest.model), skip_layer_norm=False)
     disabled = list(optimize.CPU_DISABLED_OPTIMIZERS)
     peaks = {k: float(v.max()) for k, v in qr.channel_peaks(source, calibration, disabled).items()}
-    built = {
-        "rowwise, QKV merged": (MergedQKV, {}),
-        "static per-tensor": (StaticScales, {"peaks": peaks}),
-        "MatMulNBits 8-bit": (NBits, {}),
-    }
-    for name, (rewriter, kwargs) in built.items():
-        path = rewrite(source, work / f"{rewriter.__name__}.onnx", rewriter, **kwargs)
-        out.append(Candidate(name, path, disabled))
-    return out, {"static per-tensor": {"calibration_sentences": len(calibration)}, "nbits_block": NBITS_BLOCK}
+    out.append(Candidate("static per-tensor", rewrite(source, work / "static.onnx", peaks), disabled))
+    return out, {"static per-tensor": {"calibration_sentences": len(calibration)}}

@@ -54,7 +54,8 @@ OPSET = 21  # QuantizeLinear's block_size
 AXES_TO_INPUT = {
     f"Reduce{op}" for op in ("Max", "Min", "Mean", "Prod", "L1", "L2", "LogSum", "LogSumExp", "SumSquare")
 }
-# The changes benchmarks/cpu_int8.py times one at a time against the first rewrite, which had none:
+# The changes benchmarks/cpu_int8.py timed one at a time against the first rewrite, which had none
+# (its results at commit f999225; docs/decisions.md, int8_kernel):
 # "blocked": the per-row division inside a blocked QuantizeLinear, not a Div before a per-tensor one;
 # "gelu_floor": GELU_MIN bounds GELU's negative side instead of a ReduceMin.
 STAGES = frozenset({"blocked", "gelu_floor"})

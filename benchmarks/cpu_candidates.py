@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from export import quantize_rowwise as qr
+from export.verify import make_session
 
 
 class Candidate:
@@ -20,8 +21,6 @@ class Candidate:
         self.name, self.path, self.disabled = name, path, list(disabled or [])
 
     def session(self, threads: int):
-        from export.verify import make_session
-
         return make_session(self.path, threads, self.disabled)
 
 

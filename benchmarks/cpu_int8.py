@@ -1,6 +1,5 @@
-"""The batch-invariant INT8 path against ORT's dynamic INT8, side by side in one run.
-
-    python -m benchmarks.cpu_int8 [--quick]    # .cache/bundles/sst2-minilm
+"""The batch-invariant INT8 path against ORT's dynamic INT8, side by side in one run
+(`python -m benchmarks.cpu_int8 [--quick]`, on .cache/bundles/sst2-minilm).
 
 Candidates: the bundle's `int8` (dynamic, not batch-invariant), `int8-rowwise` (served) and
 benchmarks/cpu_candidates.py's. Speed at (1,128) and (32,128), 1 and 2 threads, in rounds of blocks
@@ -108,11 +107,9 @@ def quality(cands, bundle: Path, data: Path, quick: bool) -> dict[str, Any]:
         line["accuracy_batched"] = float((batched.argmax(1) == labels).mean())
         single = batched if line["invariance"]["invariant"] else logits(session, encoded, 1)
         line["accuracy_single"] = float((single.argmax(1) == labels).mean())
-        line["logits_vs_fp32"] = {
-            "max_abs": float(np.abs(batched - reference).max()),
-            "mean_abs": float(np.abs(batched - reference).mean()),
-            "decisions_agree": float((batched.argmax(1) == reference.argmax(1)).mean()),
-        }
+        agree = float((batched.argmax(1) == reference.argmax(1)).mean())
+        diff = np.abs(batched - reference).astype(float)  # float64: JSON takes it
+        line["logits_vs_fp32"] = {"max_abs": diff.max(), "mean_abs": diff.mean(), "decisions_agree": agree}
         out[c.name] = line
         print(f"  {c.name}: {json.dumps(line)}", flush=True)
     return out

@@ -114,3 +114,21 @@ def test_the_split_holds_out_whole_articles(tmp_path):
     assert train and held
     assert not {p.group for p in train} & {p.group for p in held}
     assert not {p.text for p in train} & {p.text for p in held}
+
+
+def test_negatives_are_sampled_per_question_in_training_only(tmp_path):
+    from train.splits import DataOptions, split_examples
+    from train.squad_sentences import sample_negatives
+
+    pairs = read_examples("classify", squad_file(tmp_path))
+    kept = sample_negatives(pairs, 1, seed=0)
+    assert [p for p in kept if p.label == "relevant"] == [p for p in pairs if p.label == "relevant"]
+    per_question = {}
+    for p in kept:
+        per_question[p.text] = per_question.get(p.text, 0) + (p.label == "not_relevant")
+    assert per_question == {"When did Smith retire?": 1, "Where did he teach?": 1, "How many hills?": 1}
+    assert sample_negatives(pairs, 1, seed=0) == kept  # seeded
+    options = DataOptions("classify", squad_file(tmp_path), validation_fraction=0.3, seed=0, negatives=0)
+    train, valid = split_examples(options)
+    assert {p.label for p in train} == {"relevant"}
+    assert "not_relevant" in {p.label for p in valid}

@@ -31,6 +31,7 @@ import httpx
 from benchmarks import bench_common as common
 from benchmarks.finetune import recipes
 from processing.metrics import ranking_scores
+from train.readers import read_squad
 from train.splits import DataOptions, split_by_group
 from train.squad_sentences import RankingQuestion, ranking_questions, sentence_pairs
 
@@ -66,7 +67,7 @@ def held_out_questions(recipe_data: list[str]) -> list[RankingQuestion]:
     """The questions of the articles the reranker recipe holds out (the same split as training)."""
     opt = dict(zip(recipe_data[::2], recipe_data[1::2], strict=True))
     path = Path(opt["--train"])
-    questions = list(ranking_questions(path))
+    questions = list(ranking_questions(read_squad(path)))
     seed = int(opt.get("--seed", DataOptions.seed))
     _, held = split_by_group(sentence_pairs(questions), float(opt["--validation-fraction"]), seed)
     titles = {e.group for e in held}
@@ -99,6 +100,8 @@ def live_scores(url: str, args, questions: list[RankingQuestion]) -> dict[str, l
     with httpx.Client(base_url=url, timeout=120) as client, ThreadPoolExecutor(args.concurrency) as pool:
         reranker = list(pool.map(lambda q: rerank_scores(client, args.route, args.reranker, q), questions))
         encoder = list(pool.map(lambda q: similarity_scores(client, args.embedder, q), questions))
+        served = {m["name"]: m["variant"] for m in client.get("/models").json()["models"]}
+    args.variants = {name: served[name] for name in (args.reranker, args.embedder)}
     return {"reranker": reranker, "bi-encoder": encoder}
 
 
@@ -139,6 +142,7 @@ def main() -> None:
         "machine": common.machine_info(),
         "route": args.route,
         "models": {"reranker": args.reranker, "bi-encoder": args.embedder},
+        "variants": args.variants,
         "validation": {
             "articles": articles,
             "questions": len(questions),

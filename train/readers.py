@@ -27,7 +27,7 @@ from .examples import (
     parse_label,
 )
 from .race_spans import race_span_examples
-from .squad_sentences import read_squad_sentences
+from .squad_sentences import ranking_questions, sentence_pairs
 
 FORMATS = {
     "classify": ("tsv", "csv", "jsonl", "book", "squad-sentences"),
@@ -329,6 +329,11 @@ def read_squad(path: str | Path) -> Iterator[QAExample]:
                 if not answers and not impossible:
                     raise DataError(path, None, f"{where}: no answers and not marked is_impossible")
                 yield QAExample(str(qa["id"]), qa["question"], context, answers, impossible, title)
+
+
+def read_squad_sentences(path: str | Path, **_) -> Iterator[ClassifyExample]:
+    """SQuAD as classify (`--format squad-sentences`): every question-sentence pair, QNLI-style."""
+    return iter(sentence_pairs(list(ranking_questions(read_squad(path)))))
 
 
 def read_race_spans(path: str | Path) -> Iterator[QAExample]:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from .examples import ClassifyExample
+from .examples import ClassifyExample, QAExample
 
 LABELS = ("not_relevant", "relevant")  # id order: the positive class is label index 1
 # A sentence ends at . ! or ? (closing quotes and brackets included) before whitespace and a
@@ -72,15 +71,13 @@ def sentence_of(spans: list[tuple[int, int]], start: int, end: int) -> int | Non
     return None
 
 
-def ranking_questions(path: str | Path, stats: dict | None = None) -> Iterator[RankingQuestion]:
-    """Every question of a SQuAD file whose answer lies in one sentence of a paragraph of two or
-    more; `stats` (if given) counts the kept and dropped questions."""
+def ranking_questions(examples: Iterable[QAExample], stats: dict | None = None) -> Iterator[RankingQuestion]:
+    """Every SQuAD question (`train.readers.read_squad`) whose answer lies in one sentence of a
+    paragraph of two or more; `stats` (if given) counts the kept and dropped questions."""
     stats = stats if stats is not None else {}
     for key in ("kept", "crosses_sentences", "answers_disagree", "one_sentence"):
         stats.setdefault(key, 0)
-    from .readers import read_squad  # readers lists this module's reader
-
-    for e in read_squad(path):
+    for e in examples:
         if not e.answers:  # SQuAD 2.0's unanswerable questions have no relevant sentence
             continue
         spans = split_sentences(e.context)
@@ -121,8 +118,3 @@ def sample_negatives(examples: list[ClassifyExample], negatives: int, seed: int)
         rng.shuffle(indices)
         drop.update(indices[negatives:])
     return [e for i, e in enumerate(examples) if i not in drop]
-
-
-def read_squad_sentences(path: str | Path, **_) -> Iterator[ClassifyExample]:
-    """The classify reader (`--format squad-sentences`): every question-sentence pair."""
-    return iter(sentence_pairs(list(ranking_questions(path))))

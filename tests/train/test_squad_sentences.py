@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from train.readers import detect_format, read_examples
+from train.readers import detect_format, read_examples, read_squad
 from train.splits import split_by_group
 from train.squad_sentences import ranking_questions, split_sentences
 
@@ -86,7 +86,7 @@ def squad_file(tmp_path: Path) -> Path:
 
 def test_the_relevant_sentence_holds_the_answer_and_unclear_questions_are_dropped(tmp_path):
     stats: dict = {}
-    questions = list(ranking_questions(squad_file(tmp_path), stats))
+    questions = list(ranking_questions(read_squad(squad_file(tmp_path)), stats))
     assert [(q.id, q.relevant, q.group) for q in questions] == [
         ("q1", 4, "Smith"),
         ("q2", 1, "Smith"),

@@ -67,6 +67,22 @@ async def closed_loop(
     return latencies, errors
 
 
+def one_round(url: str, pid: int, requests: list[bytes], workers: int, seconds: float) -> dict:
+    cpu, (hits, misses), started = common.tree_cpu_seconds(pid), cache_counts(url), time.perf_counter()
+    latencies, errors = asyncio.run(closed_loop(url, requests, workers, seconds))
+    elapsed, (hits2, misses2) = time.perf_counter() - started, cache_counts(url)
+    looked_up = hits2 - hits + misses2 - misses
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "throughput_rps": len(latencies) / elapsed,
+        "latency_ms": percentiles(latencies),
+        "server_cpu_ms_per_request": 1000 * (common.tree_cpu_seconds(pid) - cpu) / len(latencies),
+        "hit_rate": (hits2 - hits) / looked_up if looked_up else None,
+        "load_average": os.getloadavg()[0],
+    }
+
+
 def cache_counts(url: str) -> tuple[float, float]:
     text = httpx.get(f"{url}/metrics").text
     count = lambda name: sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))  # noqa: E731
@@ -95,62 +111,40 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(args.rounds):
             requests = zipf_requests(texts, args.zipf_s, 200_000, seed=r)
             for name, (url, pid) in urls.items():
-                cpu, (hits, misses) = common.tree_cpu_seconds(pid), cache_counts(url)
-                started = time.perf_counter()
-                latencies, errors = asyncio.run(closed_loop(url, requests, args.concurrency, args.round_s))
-                elapsed = time.perf_counter() - started
-                hits2, misses2 = cache_counts(url)
-                served = (hits2 - hits) + (misses2 - misses)
-                rounds[name].append(
-                    {
-                        "requests": len(latencies),
-                        "errors": errors,
-                        "throughput_rps": len(latencies) / elapsed,
-                        "latency_ms": percentiles(latencies),
-                        "server_cpu_ms_per_request": 1000
-                        * (common.tree_cpu_seconds(pid) - cpu)
-                        / len(latencies),
-                        "hit_rate": (hits2 - hits) / served if served else None,
-                    }
-                )
+                rounds[name].append(one_round(url, pid, requests, args.concurrency, args.round_s))
                 print(name, r, {k: v for k, v in rounds[name][-1].items() if k != "latency_ms"}, flush=True)
-    command = " ".join(
-        ["python", "-m", "benchmarks.cache_bench", *(argv if argv is not None else sys.argv[1:])]
-    )
+    command = " ".join(["python", "-m", "benchmarks.cache_bench", *(sys.argv[1:] if argv is None else argv)])
+    config = vars(args) | {"models_dir": str(args.models_dir), "out": str(args.out)}
     report = {
         "command": command,
         "date": common.now(),
         "machine": machine,
-        "config": vars(args) | {"models_dir": str(args.models_dir), "out": str(args.out)},
+        "config": config,
         "rounds": rounds,
-        "load_average_end": os.getloadavg(),
     }
     ratio = [
         on["throughput_rps"] / off["throughput_rps"]
         for on, off in zip(rounds["on"], rounds["off"], strict=True)
     ]
     lines = [
-        "# Response cache (RESPONSE_CACHE_MB) on a Zipf workload",
-        "",
-        f"`{command}`  ",
-        f"{report['date']}; {common.machine_line(machine)}",
-        "",
-        f"Zipf s={args.zipf_s} over {args.distinct} distinct sentences, half /embed and half /classify, "
-        f"{args.concurrency} closed-loop clients, {args.round_s:.0f} s rounds, the two servers alternating "
-        "(same request sequence per round). The machine is shared: compare the columns of one round.",
-        "",
+        f"# Response cache (RESPONSE_CACHE_MB) on a Zipf workload\n\n`{command}`  \n"
+        f"{report['date']}; {common.machine_line(machine)}\n\nZipf s={args.zipf_s} over {args.distinct} "
+        f"distinct sentences, half /embed and half /classify, {args.concurrency} closed-loop clients, "
+        f"{args.round_s:.0f} s rounds, the two servers alternating (the same request sequence in a round). "
+        "The machine is shared: compare the rows of one round.\n",
         "| round | cache | requests/s | p50 ms | p99 ms | server CPU ms/request | hit rate |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in range(args.rounds):
-        for name in SERVERS:
-            x = rounds[name][r]
-            hit = "" if x["hit_rate"] is None else f"{x['hit_rate']:.1%}"
-            lines.append(
-                f"| {r} | {name} | {x['throughput_rps']:.0f} | {x['latency_ms']['p50']:.2f} | "
-                f"{x['latency_ms']['p99']:.2f} | {x['server_cpu_ms_per_request']:.2f} | {hit} |"
-            )
-    lines += ["", f"Throughput with the cache / without, per round: {', '.join(f'{x:.2f}x' for x in ratio)}."]
+    for r, name in itertools.product(range(args.rounds), SERVERS):
+        x = rounds[name][r]
+        hit = "" if x["hit_rate"] is None else f"{x['hit_rate']:.1%}"
+        lines.append(
+            f"| {r} | {name} | {x['throughput_rps']:.0f} | {x['latency_ms']['p50']:.2f} | "
+            f"{x['latency_ms']['p99']:.2f} | {x['server_cpu_ms_per_request']:.2f} | {hit} |"
+        )
+    lines.append(
+        f"\nThroughput with the cache / without, per round: {', '.join(f'{x:.2f}x' for x in ratio)}."
+    )
 
     def plot(path: Path) -> None:
         plt = common.pyplot()

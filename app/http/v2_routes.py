@@ -51,7 +51,13 @@ class JSONBodyRoute(APIRoute):
                     await request.body(), header_length
                 )
 
+                replayed = False
+
                 async def receive() -> Message:
+                    nonlocal replayed
+                    if replayed:  # after the body: wait for the disconnect, as the server would
+                        return await request.receive()
+                    replayed = True
                     return {"type": "http.request", "body": header, "more_body": False}
 
             return await handler(Request(request.scope, receive))

@@ -33,11 +33,13 @@ def test_lru_evicts_the_least_recently_used_until_it_fits():
     assert cache.get(key(0)) is not None  # 0 is now the most recently used
     cache.put(key(3), entry(100))  # evicts 1, the least recently used
     assert cache.get(key(1)) is None and cache.get(key(0)) is not None and cache.get(key(3)) is not None
-    cache.put(key(4, model="other"), entry(2 * 100 + one))  # needs two more slots' room
-    assert len(cache) == 1 and cache.bytes <= cache.max_bytes
+    big = key(4, model="other")
+    cache.put(big, entry(2 * one - len(big.request)))  # takes two slots: evicts 2 and 0, keeps 3
+    assert len(cache) == 2 and cache.bytes == 3 * one
+    assert cache.get(key(3)) is not None and cache.get(key(0)) is None
     text = metrics.render().decode()
     assert 'bert_cache_evictions_total{model="m"} 3.0' in text
-    assert 'bert_cache_hits_total{model="m"} 3.0' in text and 'bert_cache_misses_total{model="m"} 1.0' in text
+    assert 'bert_cache_hits_total{model="m"} 4.0' in text and 'bert_cache_misses_total{model="m"} 2.0' in text
     assert f"bert_cache_bytes {float(cache.bytes)}" in text
 
 

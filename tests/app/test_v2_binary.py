@@ -95,6 +95,7 @@ def raw_request(inputs: list[tuple[dict, bytes]], header_length: int | str | Non
 
 
 TEXT = bytes_tensor(TEXTS)
+OVERLONG = struct.pack("<I", 100) + b"hello"  # a BYTES element whose length runs past its tensor
 TEXT_INPUT = {
     "name": "text",
     "shape": [2],
@@ -113,8 +114,8 @@ MALFORMED = {
         ["runs past the body"],
     ),
     "length prefix past its buffer": (
-        raw_request([(TEXT_INPUT, TEXT[:-3] + b"\xff\x00\x00")]),
-        ["length prefix"],
+        raw_request([({**TEXT_INPUT, "shape": [1], "parameters": {"binary_data_size": 9}}, OVERLONG)]),
+        ["element 0's length prefix says 100 bytes", "only 5"],
     ),
     "prefix cut off": (
         raw_request(

@@ -148,17 +148,17 @@ async def run_leased(
         if not work_task.done() or work_task.cancelled():
             return Response(status_code=CLIENT_CLOSED)
         result = work_task.result()
-        timings.observe(state.metrics, bundle.task, bundle.name)
-        response.headers["Server-Timing"] = timings.header()
-        if cache is not None:  # stored under the lease, so the version's retirement drops it
-            entry = Entry(
-                serialized(request, result), tuple((getattr(result, "_headers", None) or {}).items())
-            )
-            cache.put(key, entry)
-            return cached(response, bundle, entry, "miss")
+    timings.observe(state.metrics, bundle.task, bundle.name)
+    response.headers["Server-Timing"] = timings.header()
     response.headers["X-Model"] = bundle.name
     response.headers["X-Model-Version"] = bundle.version
     response.headers.update(getattr(result, "_headers", None) or {})  # e.g. what happened to long inputs
+    if cache is not None:
+        entry = Entry(serialized(request, result), tuple((getattr(result, "_headers", None) or {}).items()))
+        # Only a version still in service stores: a swapped-out one's entries are already dropped.
+        if getattr(state.registry.models.get(bundle.name), "current", None) is bundle:
+            cache.put(key, entry)
+        return cached(response, bundle, entry, "miss")
     return result
 
 

@@ -193,7 +193,7 @@ class ModelControl:
         if bundle.batcher is not None:
             await bundle.batcher.stop(drain=True)
         bundle.runtime = bundle.service = None  # the sessions go with the last reference
-        self._forget_answers(bundle)  # again: requests it finished meanwhile may have stored some
+        self._forget_answers(bundle)  # an unloaded model's version is dropped here
         model.event(bundle, "retired")
         log.info("model version retired", extra={"model": bundle.name, "version": bundle.version})
         return loop.time() - started

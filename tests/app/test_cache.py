@@ -151,3 +151,30 @@ async def test_a_relabelled_flat_bundle_is_a_new_version_and_a_new_key(tmp_path,
         second = await client.post("/classify", json={"text": "fine", "model": "sentiment"})
         assert second.headers["x-model-version"] != first.headers["x-model-version"]
         assert second.headers["x-cache"] == "miss" and second.json()["label"] in ("low", "high")
+
+
+async def test_an_answer_finished_by_a_swapped_out_version_is_not_stored(tmp_path, add_version):
+    import asyncio
+
+    from tests.app.conftest import bundle_of
+    from tests.app.test_model_control import entered, hold
+
+    root = tmp_path / "models"
+    root.mkdir()
+    add_version(root, "sentiment", "1", labels=["bad", "good"])
+    request = {"text": "a wonderful, moving film", "model": "sentiment"}
+    async with serving(root, response_cache_mb=1, admin_api_key=ADMIN) as (app, client):
+        gate = hold(bundle_of(app, "classify", "sentiment"))
+        pending = asyncio.create_task(client.post("/classify", json=request))
+        await entered(gate)  # admitted on version 1, held in its batch
+        add_version(root, "sentiment", "2", labels=["worse", "better"])
+        r = await client.post("/admin/models/sentiment/load", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert r.status_code == 200, r.text
+        gate.release.set()
+        old = await pending
+        assert old.status_code == 200 and old.headers["x-model-version"] == "1"
+        assert old.headers["x-cache"] == "miss"
+        cache = app.state.service_state.registry.cache
+        assert not any(k.version == "1" for k in cache._entries)
+        new = await client.post("/classify", json=request)
+        assert new.headers["x-model-version"] == "2" and new.json()["label"] in ("worse", "better")

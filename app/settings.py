@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     max_models_memory_mb: float | None = Field(
         None, gt=0, description="Most resident memory all loaded models may take; unset = no limit"
     )
+    response_cache_mb: float = Field(
+        0.0, ge=0, description="Memory for cached answers of the task routes (LRU); 0 = no cache"
+    )
     cors_origins: str = ""
     log_level: str = "INFO"
     default_bundles: str = ""

@@ -7,16 +7,18 @@ path, schemas and summary match the task's registry declaration (processing/task
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import SecretStr
+from pydantic import SecretStr, TypeAdapter
 
 from app.core import rerank_service
 from app.core.batch_types import Schedule
+from app.core.cache import Entry, Key, canonical
 from app.core.embed_service import EmbedService
 from app.core.scheduling import schedule_for
 from app.core.services import (
@@ -115,7 +117,8 @@ async def serve(
         service = service_of(bundle, kind)
         return await (call(service, body, timings) if call else service(body, timings))
 
-    return await run_leased(request, response, kind.task, body.model, work, schedule)
+    cache_as = canonical(body) if state_of(request).registry.cache is not None else None
+    return await run_leased(request, response, kind.task, body.model, work, schedule, cache_as=cache_as)
 
 
 def not_serving(model: str, version: str, serving: str | None) -> NoModel:
@@ -130,15 +133,25 @@ async def run_leased(
     work: Callable[[Bundle, Timings], Awaitable[Any]],
     schedule: Schedule | None = None,
     version: str | None = None,
+    cache_as: str | None = None,
 ) -> Any:
     """Run `work` on the version serving `model` (of `task`, if given; or the task's default) under the
-    request's schedule; drop it if the client goes away. With `version`, only that version may serve."""
+    request's schedule; drop it if the client goes away. With `version`, only that version may serve.
+    With `cache_as` (the request in canonical form) and RESPONSE_CACHE_MB, the answer comes from, or
+    goes to, the response cache."""
     state = state_of(request)
+    cache = state.registry.cache if cache_as is not None else None
     # The version serving now answers the whole request, even if a new one is swapped in meanwhile.
     with state.registry.lease(task, model) as bundle:
         if version is not None and version != bundle.version:
             raise not_serving(bundle.name, version, bundle.version)
         request.scope[MODEL_SCOPE_KEY] = bundle.name
+        if cache is not None:
+            assert cache_as is not None
+            key = Key(bundle.name, bundle.version, request.url.path, cache_as)
+            hit = cache.get(key)
+            if hit is not None:
+                return cached(response, bundle, hit, "hit")
         timings = Timings(schedule)
         work_task = asyncio.ensure_future(work(bundle, timings))
         watcher = asyncio.ensure_future(_wait_for_disconnect(request))
@@ -158,7 +171,32 @@ async def run_leased(
     response.headers["X-Model"] = bundle.name
     response.headers["X-Model-Version"] = bundle.version
     response.headers.update(getattr(result, "_headers", None) or {})  # e.g. what happened to long inputs
+    if cache is not None:
+        entry = Entry(serialized(request, result), tuple((getattr(result, "_headers", None) or {}).items()))
+        # Only a version still in service stores: a swapped-out one's entries are already dropped.
+        if getattr(state.registry.models.get(bundle.name), "current", None) is bundle:
+            cache.put(key, entry)
+        return cached(response, bundle, entry, "miss")
     return result
+
+
+def cached(response: Response, bundle: Bundle, entry: Entry, outcome: str) -> Response:
+    """A cacheable answer, as the serialized bytes FastAPI would send, with `X-Cache: hit|miss`."""
+    response.headers["X-Model"] = bundle.name
+    response.headers["X-Model-Version"] = bundle.version
+    response.headers.update(dict(entry.headers))
+    response.headers["X-Cache"] = outcome
+    return Response(entry.body, media_type="application/json", headers=dict(response.headers))
+
+
+@functools.cache
+def adapter(response_model: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(response_model)
+
+
+def serialized(request: Request, result: Any) -> bytes:
+    """`result` as JSON through its route's response model, as FastAPI serializes it."""
+    return adapter(request.scope["route"].response_model).dump_json(result, by_alias=True)
 
 
 # The task routes. Path, schemas and summary are the task's registry declaration (processing/tasks.py).

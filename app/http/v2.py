@@ -30,13 +30,14 @@ from app.http.v2_schemas import V2InferRequest, V2ModelMetadata, V2OutputTensor,
 from processing.tasks import TaskSpec, Tensor
 
 PLATFORM = "onnx_onnxv1"  # the Open Inference Protocol's name for an ONNX Runtime model
-# Server extensions: request `parameters` (Triton's "parameters"), and Triton's schedule policy.
-EXTENSIONS = ["parameters", "schedule_policy"]
+# Server extensions: request `parameters` (Triton's "parameters"), Triton's schedule policy, and
+# Triton's binary tensor data (app/http/v2_binary.py).
+EXTENSIONS = ["parameters", "schedule_policy", "binary_tensor_data"]
 # Not options: the model is in the path, and the batch is the tensors' first axis (not `inputs`).
 NOT_PARAMETERS = {"model", "inputs", "timeout_ms", "priority"}
-# MLServer's and KServe's codec hint (text is text here), and Triton's binary-output wishes: the
-# answer is JSON either way, which Triton's clients read as they read binary outputs.
-IGNORED_PARAMETERS = {"content_type", "binary_data", "binary_data_output"}
+# MLServer's and KServe's codec hint (text is text here), and the binary tensor data extension's
+# parameters, which app/http/v2_binary.py has applied before the tensors get here.
+IGNORED_PARAMETERS = {"content_type", "binary_data", "binary_data_output", "binary_data_size"}
 PYTHON_TYPES = {"BYTES": str, "FP32": float, "INT64": int, "BOOL": bool}
 DEFAULTS = {"BYTES": "", "FP32": 0.0, "INT64": 0, "BOOL": False}  # an output whose field is absent
 
@@ -66,8 +67,6 @@ def flatten(data: Any) -> list[Any]:
 
 def check_tensor_parameters(parameters: dict[str, Any] | None, where: str) -> None:
     for key in parameters or {}:
-        if key == "binary_data_size":
-            raise InvalidTensor(f"{where}: binary tensor data is not supported; send the data as JSON")
         if key not in IGNORED_PARAMETERS:
             raise InvalidTensor(f"{where}: unknown parameter {key!r}")
 

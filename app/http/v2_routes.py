@@ -10,10 +10,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.types import Message
 
 from app.core.scheduling import schedule_for
 from app.core.task_service import Timings
-from app.http import v2
+from app.http import v2, v2_binary
 from app.http.errors import NOT_READY, V2_RESPONSES
 from app.http.routes import not_serving, readiness, require_api_key, run_leased, state_of
 from app.http.v2_schemas import (
@@ -34,7 +35,8 @@ SERVER_NAME = "bert-serving"
 
 class JSONBodyRoute(APIRoute):
     """The protocol's request body is JSON whatever its Content-Type says, as Triton reads it:
-    Triton's own client sends none, and `curl -d` a form's."""
+    Triton's own client sends none, and `curl -d` a form's. With `Inference-Header-Content-Length`
+    only that JSON header is parsed here; the binary data after it waits in the scope for the route."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -42,7 +44,23 @@ class JSONBodyRoute(APIRoute):
         async def read_as_json(request: Request) -> Response:
             headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"]
             request.scope["headers"] = [*headers, (b"content-type", b"application/json")]
-            return await handler(Request(request.scope, request.receive))
+            receive = request.receive
+            header_length = request.headers.get(v2_binary.HEADER)
+            if header_length is not None and request.method == "POST":
+                header, request.scope[v2_binary.SCOPE_KEY] = v2_binary.split_body(
+                    await request.body(), header_length
+                )
+
+                replayed = False
+
+                async def receive() -> Message:
+                    nonlocal replayed
+                    if replayed:  # after the body: wait for the disconnect, as the server would
+                        return await request.receive()
+                    replayed = True
+                    return {"type": "http.request", "body": header, "more_body": False}
+
+            return await handler(Request(request.scope, receive))
 
         return read_as_json
 
@@ -112,7 +130,9 @@ async def infer(
     state = state_of(request)
     model = state.registry.resolve(None, name)
     assert model.task is not None
+    v2_binary.attach_inputs(body, request.scope.get(v2_binary.SCOPE_KEY))
     decoded = v2.decode(TASKS[model.task], body, state.settings.max_batch_items)
+    binary = v2_binary.binary_outputs(body, [t.name for t in decoded.outputs])
     schedule = schedule_for(request.headers, decoded.timeout_ms, decoded.priority)
 
     async def work(bundle: Bundle, timings: Timings) -> V2InferResponse:
@@ -124,4 +144,7 @@ async def infer(
             outputs=v2.encode(decoded.outputs, answers),
         )
 
-    return await run_leased(request, response, model.task, name, work, schedule, version)
+    answer = await run_leased(request, response, model.task, name, work, schedule, version)
+    if binary and isinstance(answer, V2InferResponse):
+        return v2_binary.binary_response(answer, binary, dict(response.headers))
+    return answer

@@ -1,5 +1,6 @@
 """The Open Inference Protocol's JSON objects (KServe V2; Triton's HTTP/REST API), as the
-specification names their fields. Tensor data are JSON arrays, nested or flat, in row-major order."""
+specification names their fields. Tensor data are JSON arrays, nested or flat, in row-major order, or
+binary after the JSON (Triton's binary tensor data extension: app/http/v2_binary.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ class V2InputTensor(Strict):
     name: str
     shape: list[Annotated[int, Field(ge=0)]]
     datatype: str = Field(description="BYTES for text: each element a JSON string")
-    parameters: Parameters | None = None
-    data: list[Any]
+    parameters: Parameters | None = Field(
+        None, description="binary_data_size: the tensor's data is that many bytes after the JSON header"
+    )
+    data: list[Any] | None = Field(None, description="Absent when the data is binary")
 
 
 class V2RequestedOutput(Strict):
@@ -59,7 +62,8 @@ class V2OutputTensor(BaseModel):
     name: str
     shape: list[int]
     datatype: str
-    data: list[Any]
+    parameters: dict[str, Any] | None = None  # binary_data_size, for an output sent as binary
+    data: list[Any] | None = None
 
 
 class V2InferResponse(BaseModel):

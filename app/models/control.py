@@ -147,6 +147,7 @@ class ModelControl:
             },
         )
         if old is not None:
+            self._forget_answers(old)  # new requests lease the new version from here on
             model.event(old, "retiring")
             task = asyncio.create_task(self._retire(model, old), name=f"retire-{model.name}-{old.version}")
             self._retiring.add(task)
@@ -192,9 +193,14 @@ class ModelControl:
         if bundle.batcher is not None:
             await bundle.batcher.stop(drain=True)
         bundle.runtime = bundle.service = None  # the sessions go with the last reference
+        self._forget_answers(bundle)  # an unloaded model's version is dropped here
         model.event(bundle, "retired")
         log.info("model version retired", extra={"model": bundle.name, "version": bundle.version})
         return loop.time() - started
+
+    def _forget_answers(self, bundle: Bundle) -> None:
+        if self.registry.cache is not None:
+            self.registry.cache.drop_version(bundle.name, bundle.version)
 
     async def unload(self, name: str) -> tuple[Model, float]:
         """Stop serving `name`: new requests are refused at once, those in flight finish first."""

@@ -29,6 +29,7 @@ from app.backend.runtime import (
     session_threads,
 )
 from app.core.batcher import ComputeSlots
+from app.core.cache import ResponseCache
 from app.errors import (
     ModelLoading,
     ModelRequired,
@@ -113,6 +114,9 @@ class Registry:
         self.threads = 1
         self.compute: ComputeSlots | None = None
         self.load_finished = False
+        # Answers of the versions in service (RESPONSE_CACHE_MB); None when off.
+        budget = int(settings.response_cache_mb * 2**20)
+        self.cache = ResponseCache(budget, metrics) if budget else None
 
     @property
     def models_dir(self) -> Path:

@@ -88,6 +88,17 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge("bert_in_flight_requests", "Requests being served", registry=r)
+        # The response cache (RESPONSE_CACHE_MB, app/core/cache.py): bert_cache_hits_total, ...
+        self.cache_hits = Counter(
+            "bert_cache_hits", "Answers served from the response cache", ["model"], registry=r
+        )
+        self.cache_misses = Counter(
+            "bert_cache_misses", "Cacheable requests computed (not in the cache)", ["model"], registry=r
+        )
+        self.cache_evictions = Counter(
+            "bert_cache_evictions", "Cached answers evicted to fit RESPONSE_CACHE_MB", ["model"], registry=r
+        )
+        self.cache_bytes = Gauge("bert_cache_bytes", "Bytes the response cache holds", registry=r)
 
     def observer(self, task: str, model: str) -> BatcherMetrics:
         return BatcherMetrics(self, task, model)

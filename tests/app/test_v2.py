@@ -70,7 +70,7 @@ async def test_server_metadata_and_health(models_dir):
         assert meta == {
             "name": "bert-serving",
             "version": app.version,
-            "extensions": ["parameters", "schedule_policy"],
+            "extensions": ["parameters", "schedule_policy", "binary_tensor_data"],
         }
         assert (await client.get("/v2/health/live")).json() == {"live": True}
         ready = await client.get("/v2/health/ready")
@@ -288,7 +288,7 @@ BAD = [
     (
         classify_body(inputs=[{**tensor("text", TEXTS), "parameters": {"binary_data_size": 9}}]),
         400,
-        ["binary tensor data is not supported"],
+        ["both `data` and binary_data_size"],
     ),
     (classify_body(parameters={"top_kk": 1}), 400, ["unknown parameter 'top_kk'", "top_k"]),
     (classify_body(parameters={"top_k": 0}), 400, ["parameter 'top_k'", "greater than or equal to 1"]),

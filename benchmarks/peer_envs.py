@@ -19,9 +19,13 @@ from benchmarks.bench_common import ROOT
 
 PEERS_DIR = ROOT / ".cache" / "peers"
 TORCH = "torch==2.13.0"
+INFINITY_EXTRAS = "server,torch,optimum"
+INFINITY_PINS = ["optimum[onnxruntime]==1.27.0", "transformers==4.48.3", "click<8.2"]
 # name -> (needs torch, its packages). Infinity as the issue measured it; the rest current.
 ENVS: dict[str, tuple[bool, list[str]]] = {
-    "infinity": (True, ["infinity-emb[server,torch,optimum]==0.0.77"]),
+    # infinity 0.0.77 imports optimum.bettertransformer: gone in optimum 2, refused by transformers
+    # >= 4.49; its typer 0.12 fails on click >= 8.2.
+    "infinity": (True, [f"infinity-emb[{INFINITY_EXTRAS}]==0.0.77", *INFINITY_PINS]),
     "optimum": (True, ["optimum[onnxruntime]", "fastapi", "uvicorn[standard]"]),
     "mlserver": (True, ["mlserver", "mlserver-huggingface"]),
     "fastembed": (False, ["fastembed", "fastapi", "uvicorn[standard]"]),

@@ -425,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(args.rounds):
             order = names[index % len(names) :] + names[: index % len(names)]
             for name in ["ours"] + [n for n in order if n != "ours"] if reference is None else order:
+                if rounds[name] and "error" in rounds[name][0]:
+                    continue  # it failed to start once: it fails alike every round
                 print(f"{task} round {index + 1}/{args.rounds}: {name}", flush=True)
                 result = run_server(name, task, models, args, reference if name != "ours" else None)
                 if name == "ours" and reference is None:

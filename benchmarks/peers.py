@@ -218,9 +218,22 @@ def run_server(
             load(url, pid, WORKLOADS[task][0], protocol, args.warmup, log)
             result["levels"] = [load(url, pid, w, protocol, args.duration, log) for w in WORKLOADS[task]]
     except (SystemExit, subprocess.CalledProcessError, OSError, ValueError, KeyError) as e:
-        result["error"] = str(e)[-2000:]
+        result["error"] = diagnose(log) + str(e)[-2000:]
         print(f"    {name} failed: {result['error'][-300:]}", flush=True)
     return result
+
+
+# Causes that the end of a log does not show, found anywhere in it.
+CAUSES = {
+    "_attention_scale": "optimum 1.x's ONNX exporter imports torch.onnx.symbolic_opset14._attention_scale, "
+    "gone in torch 2.13, the only CPU torch installable here (older CPU wheels are on PyTorch's own "
+    "index only; PyPI's pull CUDA). ",
+}
+
+
+def diagnose(log: Path) -> str:
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return "".join(cause for needle, cause in CAUSES.items() if needle in text)
 
 
 def summarize(rounds: list[dict[str, Any]], task: str) -> dict[str, Any]:
@@ -338,7 +351,8 @@ def markdown(report: dict[str, Any]) -> str:
     for task, entries in report["tasks"].items():
         for name, entry in entries.items():
             if "error" in entry:
-                failed.append(f"- **{name}** ({task}): {entry['error']}")
+                lines_of = [line.strip() for line in entry["error"].splitlines() if line.strip()]
+                failed.append(f"- **{name}** ({task}): {lines_of[0]} … {lines_of[-1]}")
             elif name != "ours":
                 errors = sum(level["errors"] for level in entry["levels"])
                 lines.append(f"| {name} | {task} | {entry.get('answers')} | {errors} |")

@@ -8,7 +8,7 @@ import random
 import httpx
 import pytest
 
-from benchmarks import loadgen, peer_envs, peers
+from benchmarks import loadgen, peer_envs, peers, peers_report
 from benchmarks.loadgen_payloads import from_wire, make_payload, to_wire, validate_response
 
 
@@ -98,11 +98,11 @@ def test_report_takes_medians_and_ratios_to_the_fastest_real_peer(tmp_path):
         "versions": {},
         "tasks": tasks,
     }
-    assert peers.fastest_peer(report, "embed", 0) == 100
-    text = peers.markdown(report)
+    assert peers_report.fastest_peer(report, "embed", 0) == 100
+    text = peers_report.markdown(report)
     assert "| ours | 2.00 | 2.00 | 2.00 |" in text and "| fastembed | 1.00 |" in text
     assert "**infinity-optimum** (embed): ImportError" in text
-    peers.plot(report, tmp_path / "peers.png")
+    peers_report.plot(report, tmp_path / "peers.png")
     assert (tmp_path / "peers.png").stat().st_size > 0
 
 

@@ -79,6 +79,12 @@ class NoModel(ModelError):
     field = "model"
 
 
+class NotAReranker(ModelError):
+    """/rerank named a classify model whose outputs are no relevance score (more than two labels)."""
+
+    field = "model"
+
+
 class ModelRequired(ModelError):
     """Several models serve the task and none is its default: the request must name one."""
 

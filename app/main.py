@@ -23,6 +23,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
 from app.backend.runtime import fix_malloc_mmap_threshold
+from app.core.task_service import TEI_HEADERS
 from app.http.admin import router as admin_router
 from app.http.errors import install_error_handlers
 from app.http.middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
@@ -155,7 +156,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_origins=origins,
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
-            expose_headers=["X-Request-ID", "Server-Timing", "Retry-After", "X-Model", "X-Model-Version"],
+            expose_headers=[
+                *("X-Request-ID", "Server-Timing", "Retry-After", "X-Model", "X-Model-Version"),
+                *TEI_HEADERS,
+            ],
         )
     app.add_middleware(RequestContextMiddleware, metrics=metrics, in_flight=state.in_flight)
     return app

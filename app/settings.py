@@ -124,6 +124,10 @@ class Settings(BaseSettings):
         return parse_default_bundles(self.default_bundles)
 
 
+# DEFAULT_BUNDLES keys that name a route's default, not a task's, and the task its model serves.
+DEFAULT_ROUTES = {"rerank": "classify"}
+
+
 def parse_default_bundles(value: str) -> dict[str, str]:
     """'qa=squad-minilm,ner=conll' -> {'qa': 'squad-minilm', 'ner': 'conll'}."""
     out: dict[str, str] = {}
@@ -135,9 +139,10 @@ def parse_default_bundles(value: str) -> dict[str, str]:
         task, name = task.strip(), name.strip()
         if not sep or not name:
             raise ValueError(f"DEFAULT_BUNDLES entry {part!r} must look like task=bundle-name")
-        if task not in TASK_NAMES:
+        if task not in TASK_NAMES and task not in DEFAULT_ROUTES:
             raise ValueError(
-                f"DEFAULT_BUNDLES names unknown task {task!r}; tasks are {', '.join(TASK_NAMES)}"
+                f"DEFAULT_BUNDLES names unknown task {task!r}; tasks are {', '.join(TASK_NAMES)} "
+                f"(and {', '.join(DEFAULT_ROUTES)})"
             )
         out[task] = name
     return out

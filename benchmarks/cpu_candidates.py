@@ -1,31 +1,104 @@
-"""The CPU candidates benchmarks/cpu_int8.py compares: the bundle's variants, static QDQ INT8
-calibrated on SST-2 training sentences, the OpenVINO EP (in its own interpreter) and BERT-base
-shapes; and the fp32 probe each is checked against before it is timed."""
+"""The invariant INT8 graph that benchmarks/cpu_int8.py times beside the served `int8-rowwise` and
+ORT's dynamic INT8, rewritten from the graph the bundle's int8 variants start from:
+`static per-tensor`, one fixed activation scale per quantized input (its largest |value| over
+calibration sentences), so MatMulIntegerToFloat takes a scalar activation scale and the bias: no
+row statistics, no rescale or bias pass; Q, K and V as one matmul. Retired candidates: docs/decisions.md.
+"""
 
 from __future__ import annotations
 
-import json
+import collections
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from benchmarks import bench_common as common
-from benchmarks import scaling
-from export.optimize import CPU_DISABLED_OPTIMIZERS
-from export.verify import run_session
-
-BUNDLE_VARIANTS = ("fused", "int8", "int8-rowwise")
+from export import quantize_rowwise as qr
+from export.verify import make_session
 
 
 class Candidate:
     def __init__(self, name: str, path: Path, disabled: list[str] | None = None):
-        self.name, self.path, self.disabled = name, path, disabled or []
+        self.name, self.path, self.disabled = name, path, list(disabled or [])
 
     def session(self, threads: int):
-        from export.verify import make_session
-
         return make_session(self.path, threads, self.disabled)
+
+
+class StaticScales(qr._Rewriter):
+    """One calibrated activation scale per quantized input (GELU's zero point as in int8-rowwise);
+    Q, K and V as one matmul of the shared input (with its bias), split before MultiHeadAttention."""
+
+    def __init__(self, graph, peaks: dict[str, float]):
+        super().__init__(graph)
+        self.peaks = peaks
+
+    def quantize_rows_of(self, x: str, producer: str | None, width: int) -> tuple[str, str, int]:
+        peak = max(self.peaks[x], qr.TINY)
+        if producer in qr.GELU_OPS:
+            zero_point = qr.GELU_ZERO_POINT
+            step = max(peak / (255 - zero_point), -qr.GELU_MIN / zero_point)
+        else:
+            zero_point, step = qr.ZERO_POINT, peak / qr.QMAX
+        scale = self.const("static_step", np.float32(step))
+        zp = self.const(f"zp{zero_point}", np.uint8(zero_point), True)
+        return self.node("QuantizeLinear", [x, scale, zp], "codes"), scale, zero_point
+
+    def attention(self, node) -> bool:
+        from onnx import helper
+
+        x, weight_name, bias, mask = (list(node.input) + [""] * 4)[:4]
+        weight = self.constant_matrix(weight_name)
+        if weight is None or len(node.input) > 4 or not bias:
+            return False
+        qkv = [self.name(part) for part in "qkv"]
+        sizes = self.const("qkv_sizes", np.array([weight.shape[1] // 3] * 3, np.int64), True)
+        packed = self.node("Add", [self.matmul(x, weight), bias], "qkv_bias")  # into the matmul: fold_bias
+        self.nodes.append(helper.make_node("Split", [packed, sizes], qkv, name=self.name("split"), axis=-1))
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute} | {"domain": qr.MS_DOMAIN}
+        inputs, attrs["name"] = [*qkv, ""] + ([mask] if mask else []), self.name("mha")
+        self.nodes.append(helper.make_node("MultiHeadAttention", inputs, node.output, **attrs))
+        return True
+
+
+def fold_bias(graph) -> int:
+    """MatMulIntegerToFloat with a scalar activation scale, then Add(constant [N]): the bias moves into
+    the matmul's output pass. (Per-row scales cannot take it: the kernel would scale the bias too.)"""
+    from onnx import numpy_helper
+
+    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    consumers = collections.defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    drop = []
+    for node in graph.node:
+        users = consumers[node.output[0]]
+        scalar = node.op_type == "MatMulIntegerToFloat" and consts.get(node.input[2], np.ones(2)).size == 1
+        if not (scalar and len(users) == 1 and users[0].op_type == "Add"):
+            continue
+        bias = [name for name in users[0].input if name != node.output[0]]
+        if len(bias) == 1 and bias[0] in consts and consts[bias[0]].ndim == 1:
+            del node.input[5:]
+            node.input.extend(["", bias[0]])
+            node.output[0] = users[0].output[0]
+            drop.append(users[0])
+    for node in drop:
+        graph.node.remove(node)
+    return len(drop)
+
+
+def rewrite(source: Path, out: Path, peaks: dict[str, float]) -> Path:
+    import onnx
+
+    model = onnx.load(str(source))
+    qr.upgrade_opset(model)
+    StaticScales(model.graph, peaks).rewrite()
+    fold_bias(model.graph)
+    if not any(op.domain == qr.MS_DOMAIN for op in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(qr.MS_DOMAIN, 1))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(out))
+    return out
 
 
 def calibration_batches(bundle: Path, data: Path, count: int) -> list[dict[str, np.ndarray]]:
@@ -36,143 +109,30 @@ def calibration_batches(bundle: Path, data: Path, count: int) -> list[dict[str, 
     from train.splits import split_examples
     from train.train import run_options
 
-    argv = recipes(data)["sst2"]["data"]
-    train, _ = split_examples(run_options(argv).data)
+    train, _ = split_examples(run_options(recipes(data)["sst2"]["data"]).data)
     tokenizer = TextTokenizer.from_dir(bundle)
-    rng = np.random.default_rng(0)
-    picked = rng.choice(len(train), size=min(count, len(train)), replace=False)
+    picked = np.random.default_rng(0).choice(len(train), size=min(count, len(train)), replace=False)
     return [pad_batch([tokenizer.encode(train[i].text, max_length=128)]) for i in picked]
 
 
-def quantize_static_qdq(fp32: Path, out: Path, batches: list[dict[str, np.ndarray]]) -> dict[str, Any]:
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+def candidates(bundle: Path, work: Path, calibration: list[dict[str, np.ndarray]]) -> tuple[list, dict]:
+    """The bundle's fused (accuracy reference), int8 and int8-rowwise, and `static per-tensor`."""
+    from types import SimpleNamespace
 
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.items = iter(batches)
-
-        def get_next(self):
-            return next(self.items, None)
-
-    prepared = out.with_name("qdq_prepared.onnx")
-    # Symbolic shape inference fails on this graph ("Incomplete symbolic shape inference").
-    quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
-    quantize_static(
-        str(prepared),
-        str(out),
-        Reader(),
-        quant_format=QuantFormat.QDQ,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        op_types_to_quantize=["MatMul"],
-        calibrate_method=CalibrationMethod.MinMax,
-    )
-    prepared.unlink()
-    return {"calibration_sentences": len(batches), "method": "MinMax", "ops": "MatMul", "format": "QDQ"}
-
-
-def candidates(bundle: Path, work: Path, data: Path, calibration: int) -> tuple[list[Candidate], dict]:
+    from export import optimize
     from export.bundle import load_bundle_manifest
 
     manifest = load_bundle_manifest(bundle)
     out = [
         Candidate(v, bundle / manifest.variants[v].file, manifest.variants[v].disabled_optimizers)
-        for v in BUNDLE_VARIANTS
-        if v in manifest.variants
+        for v in ("fused", "int8", "int8-rowwise")
     ]
-    notes: dict[str, Any] = {}
-    if data.exists():
-        qdq = work / "model_qdq_static_u8.onnx"
-        notes["qdq-static-u8"] = quantize_static_qdq(
-            bundle / manifest.variants["fp32"].file, qdq, calibration_batches(bundle, data, calibration)
-        )
-        # Like the int8 variants, without ORT's slow CPU SkipLayerNormalization (export/optimize.py).
-        out.append(Candidate("qdq-static-u8", qdq, list(CPU_DISABLED_OPTIMIZERS)))
-    else:
-        notes["qdq-static-u8"] = f"skipped: {data} (calibration data) is absent"
-    return out, notes
-
-
-def openvino(python: str, fp32: Path, qdq: Path | None, reference: dict, work: Path, args) -> dict[str, Any]:
-    """benchmarks/openvino_worker.py in `python`: the OpenVINO EP on the fp32 and QDQ graphs."""
-    import subprocess
-
-    probe = work / "probe.npz"
-    np.savez(probe, **reference["feeds"], logits=reference["logits"])
-    models = [f"openvino-fp32={fp32}", f"openvino-bf16-hint={fp32}:BF16"]
-    models += [f"openvino-qdq-u8={qdq}"] if qdq is not None else []
-    command = [python, str(common.ROOT / "benchmarks" / "openvino_worker.py"), "--probe", str(probe)]
-    for spec in models:
-        command += ["--model", spec]
-    command += ["--shapes", ",".join(f"{b}x{q}" for b, q in args.shapes)]
-    command += ["--runs", str(args.runs), "--budget-s", str(args.budget_s)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        return {"error": done.stderr[-2000:]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def bert_base_random(out: Path, layers: int = 12) -> Path:
-    """A classify checkpoint of BERT-base shape with random (seeded) weights and MiniLM's vocab."""
-    import torch
-
-    from model.bert import BertForSequenceClassification
-    from model.checkpoint import copy_tokenizer_files, minilm_package_dir
-    from model.config import BertConfig
-
-    torch.manual_seed(0)
-    config = BertConfig(
-        hidden_size=768,
-        num_hidden_layers=layers,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        task="classify",
-        id2label={0: "negative", 1: "positive"},
-    )
-    BertForSequenceClassification(config).save_pretrained(out)
-    copy_tokenizer_files(minilm_package_dir(), out)  # same 30522-token uncased vocab
-    return out
-
-
-def bert_base(work: Path, quick: bool) -> dict[str, Candidate]:
-    """BERT-base shape (random weights) exported with the bundle variants."""
-    from export import export_bundle
-
-    layers = 2 if quick else 12
-    checkpoint, bundle = work / f"bert-base-{layers}l", work / f"bert-base-{layers}l-bundle"
-    if not (bundle / "bundle.json").exists():
-        bert_base_random(checkpoint, layers)
-        export_bundle(
-            checkpoint, bundle, variants=("fp32", *BUNDLE_VARIANTS), max_seq_len=128, overwrite=True
-        )
-    from export.bundle import load_bundle_manifest
-
-    manifest = load_bundle_manifest(bundle)
-    return {
-        v: Candidate(
-            f"bert-base {v}", bundle / manifest.variants[v].file, manifest.variants[v].disabled_optimizers
-        )
-        for v in BUNDLE_VARIANTS
-    }
-
-
-def probe(bundle: Path, data: Path, fused: Candidate) -> dict[str, Any]:
-    """Sentences and fp32 logits every candidate is checked against before it is timed."""
-    if data.exists():
-        rows = calibration_batches(bundle, data, 32)
-        longest = max(r["input_ids"].shape[1] for r in rows)
-        feeds = {
-            name: np.concatenate([np.pad(r[name], ((0, 0), (0, longest - r[name].shape[1]))) for r in rows])
-            for name in rows[0]
-        }
-    else:
-        feeds = scaling.feeds(8, 32)
-    return {"feeds": feeds, "logits": run_session(fused.session(1), feeds)["logits"]}
+    work.mkdir(parents=True, exist_ok=True)
+    source = work / "int8_source.onnx"
+    if not source.exists():
+        fp32 = bundle / manifest.variants["fp32"].file
+        optimize.fuse(fp32, source, SimpleNamespace(**manifest.model), skip_layer_norm=False)
+    disabled = list(optimize.CPU_DISABLED_OPTIMIZERS)
+    peaks = {k: float(v.max()) for k, v in qr.channel_peaks(source, calibration, disabled).items()}
+    out.append(Candidate("static per-tensor", rewrite(source, work / "static.onnx", peaks), disabled))
+    return out, {"static per-tensor": {"calibration_sentences": len(calibration)}}

@@ -67,8 +67,10 @@ def labels_and_problem(config, task: str) -> tuple[list[str] | None, str | None]
 
 
 def preprocessing_rules(config, task: str) -> dict[str, Any]:
-    """Training-time rules serving must repeat (processing.words), as recorded by train.train."""
-    recorded = {k: config.extra[k] for k in ("word_split", "window_overlap") if k in config.extra}
+    """Training-time rules serving must repeat (processing.words), as recorded by train.train;
+    `text_pair`: a classify model trained on pairs (the reranker /rerank takes by default)."""
+    keys = ("word_split", "window_overlap", "text_pair")
+    recorded = {k: config.extra[k] for k in keys if k in config.extra}
     if task == "ner" and recorded.get("word_split", WORD_SPLITS[0]) not in WORD_SPLITS:
         raise ExportError(f"config word_split {recorded['word_split']!r} is not one of {WORD_SPLITS}")
     return recorded

@@ -54,7 +54,8 @@ OPSET = 21  # QuantizeLinear's block_size
 AXES_TO_INPUT = {
     f"Reduce{op}" for op in ("Max", "Min", "Mean", "Prod", "L1", "L2", "LogSum", "LogSumExp", "SumSquare")
 }
-# The changes benchmarks/cpu_int8.py times one at a time against the first rewrite, which had none:
+# The changes benchmarks/cpu_int8.py timed one at a time against the first rewrite, which had none
+# (its results at commit f999225; docs/decisions.md, int8_kernel):
 # "blocked": the per-row division inside a blocked QuantizeLinear, not a Div before a per-tensor one;
 # "gelu_floor": GELU_MIN bounds GELU's negative side instead of a ReduceMin.
 STAGES = frozenset({"blocked", "gelu_floor"})
@@ -305,6 +306,13 @@ def quantized_inputs(graph) -> dict[str, int]:
 def outlier_channels(src: Path, batches: list[dict[str, np.ndarray]], k: int, disabled_optimizers=()) -> dict:
     """For every quantized input of `src`, the `k` channels of largest |value| over the real tokens
     of `batches`: fixed at export, so a row's outputs still depend on that row alone."""
+    peak = channel_peaks(src, batches, disabled_optimizers)
+    return {name: np.sort(np.argsort(-values)[:k]).astype(np.int64) for name, values in peak.items()}
+
+
+def channel_peaks(src: Path, batches: list[dict[str, np.ndarray]], disabled_optimizers=()) -> dict:
+    """For every quantized input of `src`, each channel's largest |value| over the real tokens of
+    `batches`."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -328,7 +336,7 @@ def outlier_channels(src: Path, batches: list[dict[str, np.ndarray]], k: int, di
             if len(rows) == len(real):  # token rows: padding carries no meaning
                 rows = rows[real]
             peak[name] = np.maximum(peak[name], rows.max(axis=0))
-    return {name: np.sort(np.argsort(-values)[:k]).astype(np.int64) for name, values in peak.items()}
+    return peak
 
 
 def quantize_rowwise(

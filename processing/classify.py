@@ -84,3 +84,42 @@ def softmax_list(values: list[float]) -> list[float]:
     exps = [math.exp(v - peak) for v in values]
     total = sum(exps)
     return [e / total for e in exps]
+
+
+# Two-label pair models (rerankers, NLI, paraphrase): the class that means "relevant". A label of
+# one of these names wins wherever it sits (GLUE's RTE and QNLI put "entailment" first); else index
+# 1, the positive class of a binary classifier by convention.
+RELEVANT_LABELS = frozenset(
+    {"relevant", "entailment", "1", "true", "yes", "positive", "duplicate", "equivalent"}
+)
+
+
+def positive_label(labels: list[str]) -> int:
+    named = [i for i, label in enumerate(labels) if label.lower() in RELEVANT_LABELS]
+    return named[0] if len(named) == 1 else 1
+
+
+def sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)  # no overflow for very negative logits
+    return e / (1.0 + e)
+
+
+def label_logits(logits: np.ndarray, labels: list[str]) -> list[LabelScore]:
+    """Each label's logit (averaged over windows), best first: TEI's raw_scores."""
+    mean = np.atleast_2d(np.asarray(logits, dtype=np.float64)).mean(axis=0).tolist()
+    order = sorted(range(len(mean)), key=lambda i: -mean[i])
+    return [LabelScore(labels[i], mean[i]) for i in order]
+
+
+def relevance(result: ClassifyResult, logits: np.ndarray, labels: list[str], raw: bool = False) -> float:
+    """A pair's relevance from its classification: a one-output model's sigmoid of its value (raw: the
+    value); a two-label model's probability of its positive label, exactly as `result` scores it (raw:
+    that label's logit, averaged over windows)."""
+    if result.value is not None:
+        return result.value if raw else sigmoid(result.value)
+    positive = positive_label(labels)
+    if raw:
+        return float(np.atleast_2d(np.asarray(logits, dtype=np.float64))[:, positive].mean())
+    return next(s.score for s in result.scores if s.label == labels[positive])

@@ -193,3 +193,20 @@ def squad_scores(predictions: dict[str, str], gold: dict[str, list[str]]) -> dic
         em_total += max(exact_match(prediction, a) for a in answers)
         f1_total += max(token_f1(prediction, a) for a in answers)
     return {"exact_match": 100.0 * em_total / len(gold), "f1": 100.0 * f1_total / len(gold)}
+
+
+def ranking_scores(rankings: Iterable[tuple[Sequence[float], int]]) -> dict[str, float]:
+    """P@1 and MRR of (candidate scores, index of the one relevant candidate) per query. Tied
+    scores count as a random order among them (the expected value), so a method that cannot
+    tell candidates apart gets no credit for where they happen to be listed."""
+    p1, rr, n = 0.0, 0.0, 0
+    for scores, relevant in rankings:
+        s = np.asarray(scores, dtype=np.float64)
+        higher = int((s > s[relevant]).sum())
+        tied = int((s == s[relevant]).sum())  # the relevant one included
+        p1 += 1.0 / tied if higher == 0 else 0.0
+        rr += float(np.mean(1.0 / (higher + 1 + np.arange(tied))))
+        n += 1
+    if not n:
+        raise ValueError("no queries to score")
+    return {"p@1": p1 / n, "mrr": rr / n, "queries": n}

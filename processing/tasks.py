@@ -113,6 +113,7 @@ TASKS: dict[str, TaskSpec] = {
                     Tensor("windows", "INT64", ROW),
                 ),
             ),
+            protocol_paths=("/rerank", "/v1/rerank", "/predict"),  # TEI's and Infinity's
         ),
         TaskSpec(
             name="ner",

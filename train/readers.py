@@ -27,9 +27,10 @@ from .examples import (
     parse_label,
 )
 from .race_spans import race_span_examples
+from .squad_sentences import ranking_questions, sentence_pairs
 
 FORMATS = {
-    "classify": ("tsv", "csv", "jsonl", "book"),
+    "classify": ("tsv", "csv", "jsonl", "book", "squad-sentences"),
     "ner": ("conll", "jsonl"),
     "multiple-choice": ("swag", "codah", "race", "jsonl"),
     "qa": ("squad", "race"),
@@ -54,8 +55,8 @@ def detect_format(task: str, path: str | Path) -> str:
         if suffix == ".csv" or "ending0" in head:
             return "swag"
         return "codah"
-    if suffix in (".jsonl", ".json"):
-        return "jsonl"
+    if suffix in (".jsonl", ".json"):  # SQuAD JSON as classify: question-sentence pairs (QNLI)
+        return "squad-sentences" if '"paragraphs"' in head else "jsonl"
     if suffix == ".csv":
         return "csv"
     return "book" if BOOK_SEPARATOR in head else "tsv"
@@ -330,6 +331,11 @@ def read_squad(path: str | Path) -> Iterator[QAExample]:
                 yield QAExample(str(qa["id"]), qa["question"], context, answers, impossible, title)
 
 
+def read_squad_sentences(path: str | Path, **_) -> Iterator[ClassifyExample]:
+    """SQuAD as classify (`--format squad-sentences`): every question-sentence pair, QNLI-style."""
+    return iter(sentence_pairs(list(ranking_questions(read_squad(path)))))
+
+
 def read_race_spans(path: str | Path) -> Iterator[QAExample]:
     """RACE questions whose right option is a span of the passage, as extractive QA."""
     return race_span_examples(path)
@@ -340,6 +346,7 @@ READERS = {
     ("classify", "csv"): read_classify_csv,
     ("classify", "jsonl"): read_classify_jsonl,
     ("classify", "book"): read_classify_book,
+    ("classify", "squad-sentences"): read_squad_sentences,
     ("ner", "conll"): read_conll,
     ("ner", "jsonl"): read_ner_jsonl,
     ("multiple-choice", "swag"): read_swag,

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .readers import read_examples
+from .squad_sentences import sample_negatives
 
 HOLDOUTS = ("group", "whole-texts")
 
@@ -35,6 +36,7 @@ class DataOptions:
     label_column: str | None = None
     limit_train: int | None = None
     limit_eval: int | None = None
+    negatives: int | None = None
 
 
 def read_file(options: DataOptions, path: Path, fmt: str | None = None) -> list:
@@ -58,6 +60,8 @@ def split_examples(options: DataOptions) -> tuple[list, list]:
         train, valid = split(train, options.validation_fraction, options.seed)
     else:
         valid = []
+    if options.negatives is not None:
+        train = sample_negatives(train, options.negatives, options.seed)
     train = subsample(train, options.limit_train, options.seed)
     return train, subsample(valid, options.limit_eval, options.seed)
 

@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated label names in id order (default: from the training "
         "data); 'regression' for a single real-valued output",
     )
+    g.add_argument(
+        "--negatives",
+        type=int,
+        help="classify --format squad-sentences: keep at most this many not-relevant sentences per "
+        "question in training (seeded; validation keeps all)",
+    )
     g.add_argument("--limit-train", type=int, help="use a random subset of this many training examples")
     g.add_argument("--limit-eval", type=int, help="use a random subset of this many validation examples")
     g.add_argument(

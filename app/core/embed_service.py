@@ -7,7 +7,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.core.task_service import ModelVersion, TaskService, Timings, check_chars, cpu_step, sequence_items
+from app.core.task_service import (
+    ModelVersion,
+    TaskService,
+    Timings,
+    check_chars,
+    cpu_step,
+    long_input_headers,
+    sequence_items,
+)
 from app.errors import InputTooLong, InvalidInput, TooManyInputs
 from app.http.schemas import (
     EmbeddingData,
@@ -89,6 +97,7 @@ class EmbedService(TaskService):
         side = options.truncation_direction.lower()
         with timings.measure("tokenize"):
             chars = sum(map(len, texts.values()))
+            timings.chars += chars
             encoded = await cpu_step(chars, self._encode, texts, options.truncate, side)
         results = await self.infer(sequence_items([e for encodings in encoded for e in encodings]), timings)
         with timings.measure("postprocess"):
@@ -115,12 +124,7 @@ class EmbedService(TaskService):
 
     @staticmethod
     def _headers(done: Embedded) -> dict[str, str]:
-        headers = {}
-        if done.truncated:
-            headers["X-Truncated-Inputs"] = ",".join(map(str, done.truncated))
-        if done.windows:
-            headers["X-Windowed-Inputs"] = ",".join(f"{i}={n}" for i, n in done.windows.items())
-        return headers
+        return long_input_headers(done.truncated, done.windows)
 
     async def __call__(self, request: EmbedRequest, timings: Timings) -> EmbedResponse:
         """TEI's /embed."""

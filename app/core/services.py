@@ -8,6 +8,7 @@ CPU-bound steps run in worker threads so the event loop stays responsive.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from app.core.batch_types import ItemResult, WorkItem
 from app.core.embed_service import EmbedService
 from app.core.task_service import ModelVersion, TaskService, Timings, check_chars, cpu_step, sequence_items
-from app.errors import InvalidInput, TooManyChoices, TooManyInputs
+from app.errors import InputTooLong, InvalidInput, TooManyChoices, TooManyInputs
 from app.http.schemas import (
     AnswerOut,
     ChoiceRequest,
@@ -44,6 +45,20 @@ T = TypeVar("T")
 log = logging.getLogger("app.services")
 
 
+Pair = tuple[str, str | None]  # a text and its optional second segment
+Names = tuple[str, str]  # the request fields they came from, for errors ("inputs.3.text", "texts.3")
+
+
+@dataclass
+class Classified:
+    """One input classified: /classify's answer, the logits it came from, what happened to it."""
+
+    result: classify_proc.ClassifyResult
+    logits: np.ndarray  # [windows, labels]
+    truncated: bool  # cut to max_seq_len
+    tokens: int
+
+
 class ClassifyService(TaskService):
     task = "classify"
 
@@ -53,44 +68,65 @@ class ClassifyService(TaskService):
         self.labels = list(self.manifest.labels or [])
         self.long_text = settings.classify_long_text
 
-    def _validate(self, request: ClassifyRequest) -> list[tuple[str, str | None]]:
+    def check_count(self, count: int, field: str) -> None:
+        if count > self.settings.max_batch_items:
+            raise TooManyInputs(
+                f"{field} has {count} items; the limit is {self.settings.max_batch_items} (MAX_BATCH_ITEMS)",
+                field,
+            )
+
+    def _validate(self, request: ClassifyRequest) -> tuple[list[Pair], list[Names]]:
         if request.inputs is not None:
-            if len(request.inputs) > self.settings.max_batch_items:
-                raise TooManyInputs(
-                    f"inputs has {len(request.inputs)} items; the limit is {self.settings.max_batch_items} "
-                    "(MAX_BATCH_ITEMS)",
-                    "inputs",
-                )
+            self.check_count(len(request.inputs), "inputs")
             pairs = [(i.text, i.text_pair) for i in request.inputs]
             prefixes = [f"inputs.{n}." for n in range(len(pairs))]
         else:
             assert request.text is not None
             pairs, prefixes = [(request.text, request.text_pair)], [""]
-        for (text, pair), prefix in zip(pairs, prefixes, strict=True):
-            check_chars(text, self.settings.max_text_chars, f"{prefix}text", "MAX_TEXT_CHARS")
-            if pair is not None:
-                check_chars(pair, self.settings.max_text_chars, f"{prefix}text_pair", "MAX_TEXT_CHARS")
         n_labels = 1 if self.regression else len(self.labels)
         if request.top_k is not None and request.top_k > n_labels:
             raise InvalidInput(f"top_k must be between 1 and {n_labels} (the labels)", "top_k")
-        return pairs
+        return pairs, [(f"{prefix}text", f"{prefix}text_pair") for prefix in prefixes]
 
-    def _encode(self, pairs: list[tuple[str, str | None]]) -> list[tuple[list[Encoding], bool]]:
+    def _encode(
+        self, pairs: list[Pair], names: list[Names], truncate: bool | None
+    ) -> list[tuple[list[Encoding], bool]]:
+        long_text = self.long_text if truncate is None else "truncate"
         out = []
-        for text, pair in pairs:
+        for (text, pair), (name, pair_name) in zip(pairs, names, strict=True):
             encodings = classify_proc.encode_for_classify(
-                self.tokenizer, text, pair, self.max_seq_len, self.long_text, self.window_overlap
+                self.tokenizer, text, pair, self.max_seq_len, long_text, self.window_overlap
             )
-            out.append((encodings, len(encodings) == 1 and encodings[0].truncated))
+            truncated = len(encodings) == 1 and encodings[0].truncated
+            if truncated and truncate is False:  # a pair is named by its second text ("texts.3")
+                field, beside = (name, "") if pair is None else (pair_name, f" with {name}")
+                tokens = sum(len(self.tokenizer.tokenize(t)) + 1 for t in (text, pair) if t is not None) + 1
+                raise InputTooLong(
+                    f"{field} has {tokens} tokens{beside} and the model reads at most {self.max_seq_len}: "
+                    "send truncate: true to cut it, or leave truncate unset for the server's rule",
+                    field,
+                )
+            out.append((encodings, truncated))
         return out
 
-    async def __call__(
-        self, request: ClassifyRequest, timings: Timings
-    ) -> ClassifyResult | ClassifyBatchResponse:
-        pairs = self._validate(request)
+    async def classify(
+        self,
+        pairs: list[Pair],
+        names: list[Names],
+        timings: Timings,
+        top_k: int | None = None,
+        truncate: bool | None = None,
+    ) -> list[Classified]:
+        """Every input through the model, as /classify serves it: the one path of TEI's /predict and
+        /rerank too. `truncate`: None is CLASSIFY_LONG_TEXT's rule, True cuts, False refuses (413)."""
+        for (text, pair), (name, pair_name) in zip(pairs, names, strict=True):
+            check_chars(text, self.settings.max_text_chars, name, "MAX_TEXT_CHARS")
+            if pair is not None:
+                check_chars(pair, self.settings.max_text_chars, pair_name, "MAX_TEXT_CHARS")
         with timings.measure("tokenize"):
             chars = sum(len(text) + len(pair or "") for text, pair in pairs)
-            encoded = await cpu_step(chars, self._encode, pairs)
+            timings.chars += chars
+            encoded = await cpu_step(chars, self._encode, pairs, names, truncate)
         items = sequence_items([e for encodings, _ in encoded for e in encodings])
         results = await self.infer(items, timings)
         with timings.measure("postprocess"):
@@ -99,18 +135,28 @@ class ClassifyService(TaskService):
                 logits = np.stack([r.outputs["logits"] for r in results[cursor : cursor + len(encodings)]])
                 cursor += len(encodings)
                 result = classify_proc.classify_from_logits(
-                    logits, self.labels, regression=self.regression, top_k=request.top_k
+                    logits, self.labels, regression=self.regression, top_k=top_k
                 )
-                outputs.append(
-                    ClassifyResult(
-                        label=result.label,
-                        score=result.score,
-                        value=result.value,
-                        truncated=truncated,
-                        windows=result.windows,
-                        scores=[LabelScore(label=s.label, score=s.score) for s in result.scores],
-                    )
+                outputs.append(Classified(result, logits, truncated, sum(map(len, encodings))))
+        return outputs
+
+    async def __call__(
+        self, request: ClassifyRequest, timings: Timings
+    ) -> ClassifyResult | ClassifyBatchResponse:
+        pairs, names = self._validate(request)
+        done = await self.classify(pairs, names, timings, top_k=request.top_k)
+        with timings.measure("postprocess"):
+            outputs = [
+                ClassifyResult(
+                    label=c.result.label,
+                    score=c.result.score,
+                    value=c.result.value,
+                    truncated=c.truncated,
+                    windows=c.result.windows,
+                    scores=[LabelScore(label=s.label, score=s.score) for s in c.result.scores],
                 )
+                for c in done
+            ]
         return outputs[0] if request.inputs is None else ClassifyBatchResponse(results=outputs)
 
 
@@ -136,6 +182,7 @@ class NERService(TaskService):
 
     async def __call__(self, request: NERRequest, timings: Timings) -> NERResponse:
         check_chars(request.text, self.settings.max_text_chars, "text", "MAX_TEXT_CHARS")
+        timings.chars += len(request.text)
         with timings.measure("tokenize"):
             tokens, windows = await cpu_step(len(request.text), self._encode, request.text)
         results = await self.infer(sequence_items([w.encoding for w in windows]), timings)
@@ -170,6 +217,7 @@ class ChoiceService(TaskService):
             check_chars(option, self.settings.max_text_chars, f"choices.{n}", "MAX_TEXT_CHARS")
         with timings.measure("tokenize"):
             chars = len(request.context) + len(request.question or "") + sum(map(len, request.choices))
+            timings.chars += chars
             encodings = await cpu_step(
                 chars,
                 choice_proc.encode_choices,
@@ -208,6 +256,7 @@ class QAService(TaskService):
         check_chars(request.question, self.settings.max_text_chars, "question", "MAX_TEXT_CHARS")
         check_chars(request.context, self.settings.max_qa_context_chars, "context", "MAX_QA_CONTEXT_CHARS")
         stride = self.doc_stride if request.doc_stride is None else request.doc_stride
+        timings.chars += len(request.context) + len(request.question)
         with timings.measure("tokenize"):
             try:
                 qa_input = await cpu_step(

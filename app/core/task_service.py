@@ -35,6 +35,17 @@ class ModelVersion(Protocol):
     service: TaskService | None
 
 
+TEI_HEADERS = (
+    "x-compute-time",
+    "x-compute-characters",
+    "x-compute-tokens",
+    "x-total-time",
+    "x-tokenization-time",
+    "x-queue-time",
+    "x-inference-time",
+)
+
+
 class Timings:
     """One request through the core: its schedule (deadline, priority; None = no deadline, normal)
     and its seconds per stage (Server-Timing header and bert_stage_seconds)."""
@@ -42,6 +53,9 @@ class Timings:
     def __init__(self, schedule: Schedule | None = None) -> None:
         self.schedule = schedule
         self.stages: dict[str, float] = {}
+        self.started = time.perf_counter()
+        self.chars = 0  # characters of the request's texts
+        self.tokens = 0  # tokens of its work items (a choice group: each choice at the group's longest)
 
     def add(self, stage: str, seconds: float) -> None:
         self.stages[stage] = self.stages.get(stage, 0.0) + max(0.0, seconds)
@@ -57,9 +71,19 @@ class Timings:
     def header(self) -> str:
         return ", ".join(f"{stage};dur={seconds * 1000:.2f}" for stage, seconds in self.stages.items())
 
+    def tei_headers(self) -> dict[str, str]:
+        """text-embeddings-inference's timing headers: whole milliseconds (truncated, as TEI's are);
+        compute and total time run from when the route began serving the parsed request."""
+        total = int((time.perf_counter() - self.started) * 1000)
+        ms = [int(self.stages.get(stage, 0.0) * 1000) for stage in ("tokenize", "queue", "inference")]
+        values = [total, self.chars, self.tokens, total, *ms]
+        return dict(zip(TEI_HEADERS, map(str, values), strict=True))
+
     def observe(self, metrics: Metrics, task: str, model: str) -> None:
         for stage, seconds in self.stages.items():
             metrics.stage.labels(stage=stage, task=task, model=model).observe(seconds)
+        if self.tokens:
+            metrics.request_tokens.labels(task=task, model=model).observe(self.tokens)
 
 
 async def gather_all(futures: Sequence[asyncio.Future]) -> list[ItemResult]:
@@ -81,6 +105,17 @@ async def cpu_step(chars: int, fn: Callable[..., T], *args: Any, **kwargs: Any) 
     if chars <= INLINE_CHARS:
         return fn(*args, **kwargs)
     return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+def long_input_headers(truncated: list[int], windows: dict[int, int]) -> dict[str, str]:
+    """What happened to long inputs, for answers that are bare lists (TEI's): the indices of those cut
+    to max_seq_len, and of those read in several windows with their count."""
+    headers = {}
+    if truncated:
+        headers["X-Truncated-Inputs"] = ",".join(map(str, truncated))
+    if windows:
+        headers["X-Windowed-Inputs"] = ",".join(f"{i}={n}" for i, n in windows.items())
+    return headers
 
 
 def check_chars(value: str, limit: int, field: str, setting: str) -> None:
@@ -112,6 +147,7 @@ class TaskService:
         """Submit under the request's schedule (raises QueueFull / TooLarge / BatcherClosed /
         DeadlineExceeded at once) and wait for every item."""
         futures = self.batcher.submit(items, timings.schedule)
+        timings.tokens += sum(item.length * item.rows for item in items)
         started = time.perf_counter()
         try:
             results = await gather_all(futures)

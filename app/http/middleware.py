@@ -23,6 +23,7 @@ KNOWN_PATHS = set(TASK_PATHS) | {
     "/ready",
     "/metrics",
     "/models",
+    "/v1/models",
     "/tokenize",
     "/docs",
     "/openapi.json",

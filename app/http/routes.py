@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import SecretStr
 
+from app.core import rerank_service
 from app.core.batch_types import Schedule
 from app.core.embed_service import EmbedService
 from app.core.scheduling import schedule_for
@@ -30,6 +31,14 @@ from app.core.task_service import TaskService, Timings
 from app.errors import NoModel, Unauthorized
 from app.http.errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
 from app.http.middleware import MODEL_SCOPE_KEY
+from app.http.rerank_schemas import (
+    InfinityRerankRequest,
+    InfinityRerankResponse,
+    PredictRequest,
+    PredictResponse,
+    RerankRequest,
+    RerankResponse,
+)
 from app.http.schemas import (
     ChoiceRequest,
     ChoiceResponse,
@@ -47,8 +56,15 @@ from app.http.schemas import (
     SimilarityRequest,
     SimilarityResponse,
 )
-from app.http.service_schemas import HealthResponse, ModelsResponse, ReadyResponse, TokenizeRequest, TokenOut
-from app.models.listing import list_models
+from app.http.service_schemas import (
+    HealthResponse,
+    ModelsResponse,
+    OpenAIModelList,
+    ReadyResponse,
+    TokenizeRequest,
+    TokenOut,
+)
+from app.models.listing import list_models, openai_model_list
 from app.models.loader import Bundle
 from processing.tasks import TASKS
 
@@ -137,6 +153,8 @@ async def run_leased(
         result = work_task.result()
     timings.observe(state.metrics, bundle.task, bundle.name)
     response.headers["Server-Timing"] = timings.header()
+    if task is not None:  # inference (not /tokenize): text-embeddings-inference's timing headers too
+        response.headers.update(timings.tei_headers())
     response.headers["X-Model"] = bundle.name
     response.headers["X-Model-Version"] = bundle.version
     response.headers.update(getattr(result, "_headers", None) or {})  # e.g. what happened to long inputs
@@ -231,6 +249,12 @@ def readiness(request: Request) -> tuple[bool, str, dict[str, str], dict[str, st
     summary="Sentence embeddings, OpenAI-compatible (float or base64, with token usage)",
 )
 async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request, response: Response) -> Any:
+    # OpenAI's own model names, which its clients send unless told otherwise (LangChain's
+    # OpenAIEmbeddings: text-embedding-ada-002), get the embedding default; the answer's `model` says
+    # which served. Any other unknown name is 404 no_model, as on every route.
+    known = state_of(request).registry.models
+    if body.model is not None and body.model.startswith("text-embedding-") and body.model not in known:
+        body = body.model_copy(update={"model": None})
     return await serve(request, response, EmbedService, body, EmbedService.openai)
 
 
@@ -243,6 +267,44 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request, resp
 )
 async def similarity(body: SimilarityRequest, request: Request, response: Response) -> Any:
     return await serve(request, response, EmbedService, body, EmbedService.similarity)
+
+
+# Reranking and TEI's /predict onto the classify service (app/core/rerank_service.py). A rerank
+# request without `model` gets the reranker the registry picks (Registry.reranker).
+@router.post(
+    "/rerank",
+    response_model=RerankResponse,
+    response_model_exclude_none=True,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+    summary="Texts ranked by relevance to a query, by a pair classifier (text-embeddings-inference's)",
+)
+async def rerank(body: RerankRequest, request: Request, response: Response) -> Any:
+    body = body.model_copy(update={"model": state_of(request).registry.reranker(body.model)})
+    return await serve(request, response, ClassifyService, body, rerank_service.rerank)
+
+
+@router.post(
+    "/v1/rerank",
+    response_model=InfinityRerankResponse,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+    summary="Documents ranked by relevance to a query (Infinity's and Cohere's shape, with top_n and usage)",
+)
+async def infinity_rerank(body: InfinityRerankRequest, request: Request, response: Response) -> Any:
+    body = body.model_copy(update={"model": state_of(request).registry.reranker(body.model)})
+    return await serve(request, response, ClassifyService, body, rerank_service.infinity_rerank)
+
+
+@router.post(
+    "/predict",
+    response_model=PredictResponse,
+    responses=TASK_RESPONSES,
+    dependencies=AUTH,
+    summary="Every label's score for a text, a pair or a batch (text-embeddings-inference's /predict)",
+)
+async def predict(body: PredictRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, ClassifyService, body, rerank_service.predict)
 
 
 @router.get("/health", response_model=HealthResponse, summary="Liveness: the process answers")
@@ -277,3 +339,14 @@ async def metrics(request: Request) -> Response:
 )
 async def models(request: Request) -> ModelsResponse:
     return list_models(state_of(request).registry)
+
+
+@router.get(
+    "/v1/models",
+    response_model=OpenAIModelList,
+    dependencies=AUTH,
+    responses=MODELS_RESPONSES,
+    summary="The models serving now, as OpenAI's model list (for OpenAI clients)",
+)
+async def openai_models(request: Request) -> OpenAIModelList:
+    return openai_model_list(state_of(request).registry)

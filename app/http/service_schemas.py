@@ -91,6 +91,18 @@ class ModelsResponse(BaseModel):
     max_models_memory_mb: float | None = Field(None, description="MAX_MODELS_MEMORY_MB, if set")
 
 
+class OpenAIModel(BaseModel):
+    id: str = Field(description="The name to send as `model`")
+    object: Literal["model"] = "model"
+    created: int = Field(description="When the serving version was exported (Unix time; 0 if unknown)")
+    owned_by: str = "bert-serving"
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
+
+
 class LoadResponse(BaseModel):
     changed: bool = Field(description="A new version went into service (false: these files already serve)")
     model: ModelInfo

@@ -233,6 +233,8 @@ async def infer_rows(service: TaskService, rows: list[BaseModel], timings: Timin
         await asyncio.gather(*tasks, return_exceptions=True)
     for stage in {stage for t in row_timings for stage in t.stages}:
         timings.add(stage, max(t.stages.get(stage, 0.0) for t in row_timings))
+    timings.chars += sum(t.chars for t in row_timings)  # sizes add up (TEI's x-compute-* headers)
+    timings.tokens += sum(t.tokens for t in row_timings)
     return list(answers)
 
 

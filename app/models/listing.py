@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from app.http.service_schemas import ModelInfo, ModelsResponse, VersionInfo
+from datetime import datetime
+
+from app.http.service_schemas import ModelInfo, ModelsResponse, OpenAIModel, OpenAIModelList, VersionInfo
 from app.models.loader import MB
 from app.models.registry import Model, Registry
 from export.bundle import VARIANT_NOTES, batch_invariant
@@ -16,6 +18,24 @@ def list_models(registry: Registry) -> ModelsResponse:
         memory_mb=round(sum(used), 1) if used else None,
         max_models_memory_mb=registry.settings.max_models_memory_mb,
     )
+
+
+def openai_model_list(registry: Registry) -> OpenAIModelList:
+    """/v1/models: the models with a version serving now."""
+    return OpenAIModelList(
+        data=[
+            OpenAIModel(id=model.name, created=unix_time(model.current.manifest.created_at))
+            for model in registry.models.values()
+            if model.current is not None and model.status != "unloaded"
+        ]
+    )
+
+
+def unix_time(iso: str) -> int:
+    try:
+        return int(datetime.fromisoformat(iso).timestamp())
+    except ValueError:
+        return 0
 
 
 def model_info(registry: Registry, model: Model) -> ModelInfo:

@@ -38,7 +38,7 @@ from app.errors import (
 from app.models.loader import MB, Bundle, SessionPlan
 from app.models.repository import VersionDir, model_versions, scan
 from app.observe.metrics import Metrics
-from app.settings import Settings, available_cores
+from app.settings import DEFAULT_ROUTES, Settings, available_cores
 from export.bundle import MANIFEST_NAME, BundleError, load_bundle_manifest
 
 log = logging.getLogger("app.registry")
@@ -166,13 +166,14 @@ class Registry:
         """DEFAULT_BUNDLES names a model directory (or, as before versions, a manifest's `name`)."""
         out = {}
         for task, name in wanted.items():
-            candidates = [m for m in self.models.values() if m.task == task]
+            serves = DEFAULT_ROUTES.get(task, task)  # rerank=: a classify model
+            candidates = [m for m in self.models.values() if m.task == serves]
             chosen = [m for m in candidates if m.name == name] or [
                 m for m in candidates if self._manifest_name(m) == name
             ]
             if not chosen:
                 raise ConfigError(
-                    f"DEFAULT_BUNDLES names {name!r} for {task}, but the {task} models in MODELS_DIR "
+                    f"DEFAULT_BUNDLES names {name!r} for {task}, but the {serves} models in MODELS_DIR "
                     f"are {[m.name for m in candidates] or 'none'}"
                 )
             out[task] = chosen[0].name
@@ -255,6 +256,32 @@ class Registry:
                 f"{', '.join(self.names(task)) or 'none'}"
             )
         return model
+
+    def reranker(self, name: str | None) -> str:
+        """The model reranking requests use: the one named; else DEFAULT_BUNDLES' rerank=; else the
+        classify default if its bundle reads text pairs (it records `text_pair`), else the only
+        classify model that does."""
+        if name is not None:
+            return name
+        if "rerank" in self.default_names:
+            return self.default_names["rerank"]
+        names = self.names("classify")
+        readers = [
+            n for n in names if (b := self.models[n].current) and b.manifest.preprocessing.get("text_pair")
+        ]
+        default = self.default_name("classify")
+        if default in readers:
+            return default
+        if len(readers) == 1:
+            return readers[0]
+        if any(self.models[n].status in ("pending", "loading") for n in names):
+            raise ModelLoading("the classify models are still loading; the reranker is not known yet")
+        if not names:
+            raise NoModel(f"no model serves classify, so none reranks (models: {self._listing()})")
+        raise ModelRequired(
+            "no default reranker: name a classify model of text pairs in the 'model' field (classify "
+            f"models: {', '.join(names)}), or set DEFAULT_BUNDLES=rerank=<name>"
+        )
 
     def _listing(self) -> str:
         return ", ".join(f"{n} ({self.models[n].task})" for n in self.names()) or "none"

@@ -9,6 +9,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+REQUEST_TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
 
 
 class Metrics:
@@ -38,6 +39,14 @@ class Metrics:
             "Time per request stage",
             ["stage", "task", "model"],
             buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        # TEI's te_request_input_length: the request's size, beside its stage times (x-compute-tokens).
+        self.request_tokens = Histogram(
+            "bert_request_tokens",
+            "Tokens of a request's work items",
+            ["task", "model"],
+            buckets=REQUEST_TOKEN_BUCKETS,
             registry=r,
         )
         self.batch_size = Histogram(

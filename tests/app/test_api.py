@@ -124,8 +124,8 @@ async def test_qa_answers_point_into_the_context(models_dir):
 
 
 async def test_openapi_examples_all_work(models_dir):
-    """Every request example shown in /docs is accepted as-is."""
-    async with serving(models_dir) as (_, client):
+    """Every request example shown in /docs is accepted as-is (with a reranker: the tiny classify model)."""
+    async with serving(models_dir, default_bundles="rerank=classify") as (_, client):
         spec = (await client.get("/openapi.json")).json()
         assert (await client.get("/docs")).status_code == 200
         tried = 0

@@ -348,6 +348,8 @@ def test_split_by_group_keeps_articles_whole(tmp_path: Path) -> None:
         ("multiple-choice", "bertwithpretrained/MultipleChoice/train.csv", "swag", 91),
         ("multiple-choice", "race/dev.jsonl", "race", 4887),
         ("qa", "squad/squad-v1.1-dev-part-b.json", "squad", 5609),
+        # 5,134 questions with a clear relevant sentence, 25,290 question-sentence pairs
+        ("classify", "squad/squad-v1.1-dev-part-b.json", "squad-sentences", 25290),
     ],
 )
 def test_real_files(task: str, path: str, fmt: str, count: int) -> None:

@@ -1,0 +1,178 @@
+"""Sentence ranking on held-out SQuAD articles: the reranker default against a bi-encoder and BM25.
+
+    python -m benchmarks.rerank_quality [--route rerank|classify] [--url URL] [--bundles .cache/bundles]
+
+Every question of the reranker recipe's held-out articles (`benchmarks/finetune.py`, recipe
+"rerank": the same 5 articles the QA default holds out) ranks the sentences of its paragraph
+(train/squad_sentences.py: the one holding the answer is relevant). Three methods score exactly
+the same questions, through the live service where they are models:
+- the reranker (`rerank-minilm`) on `POST /rerank` (TEI: `{query, texts}` -> `[{index, score}]`);
+  `--route classify` sends the same pairs to `/classify` as `text_pair`s and reads the `relevant`
+  probability, the score `/rerank` returns by construction;
+- the bi-encoder (`all-minilm-l6-v2`) on `POST /similarity` (cosine of question and sentence);
+- BM25 (Okapi, k1 1.2, b 0.75, Lucene's idf), lower-cased word tokens, idf and average length
+  over every distinct sentence of the held-out articles.
+Results: benchmarks/results/rerank_quality.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import shlex
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from benchmarks import bench_common as common
+from benchmarks.finetune import recipes
+from processing.metrics import ranking_scores
+from train.readers import read_squad
+from train.splits import DataOptions, split_by_group
+from train.squad_sentences import RankingQuestion, ranking_questions, sentence_pairs
+
+REPO = Path(__file__).resolve().parent.parent
+WORD = re.compile(r"\w+")
+
+
+def tokens(text: str) -> list[str]:
+    return WORD.findall(text.lower())
+
+
+class BM25:
+    """Okapi BM25 over a fixed corpus of documents (here: sentences)."""
+
+    def __init__(self, corpus: list[str], k1: float = 1.2, b: float = 0.75):
+        docs = [tokens(d) for d in corpus]
+        self.k1, self.b, self.n = k1, b, len(docs)
+        self.avgdl = sum(map(len, docs)) / max(1, self.n)
+        self.df = Counter(t for d in docs for t in set(d))
+
+    def idf(self, term: str) -> float:
+        df = self.df.get(term, 0)
+        return math.log(1 + (self.n - df + 0.5) / (df + 0.5))
+
+    def score(self, query: str, document: str) -> float:
+        tf, length = Counter(tokens(document)), len(tokens(document))
+        norm = self.k1 * (1 - self.b + self.b * length / self.avgdl)
+        terms = [t for t in set(tokens(query)) if t in tf]
+        return sum(self.idf(t) * tf[t] * (self.k1 + 1) / (tf[t] + norm) for t in terms)
+
+
+def held_out_questions(recipe_data: list[str]) -> list[RankingQuestion]:
+    """The questions of the articles the reranker recipe holds out (the same split as training)."""
+    opt = dict(zip(recipe_data[::2], recipe_data[1::2], strict=True))
+    path = Path(opt["--train"])
+    questions = list(ranking_questions(read_squad(path)))
+    seed = int(opt.get("--seed", DataOptions.seed))
+    _, held = split_by_group(sentence_pairs(questions), float(opt["--validation-fraction"]), seed)
+    titles = {e.group for e in held}
+    return [q for q in questions if q.group in titles]
+
+
+def rerank_scores(client: httpx.Client, route: str, model: str, q: RankingQuestion) -> list[float]:
+    if route == "rerank":
+        r = client.post("/rerank", json={"query": q.question, "texts": q.sentences, "model": model})
+        r.raise_for_status()
+        scores = [0.0] * len(q.sentences)
+        for item in r.json():
+            scores[item["index"]] = item["score"]
+        return scores
+    inputs = [{"text": q.question, "text_pair": s} for s in q.sentences]
+    r = client.post("/classify", json={"inputs": inputs, "model": model})
+    r.raise_for_status()
+    results = r.json()["results"]
+    return [next(x["score"] for x in res["scores"] if x["label"] == "relevant") for res in results]
+
+
+def similarity_scores(client: httpx.Client, model: str, q: RankingQuestion) -> list[float]:
+    body = {"inputs": {"source_sentence": q.question, "sentences": q.sentences}, "model": model}
+    r = client.post("/similarity", json=body)
+    r.raise_for_status()
+    return r.json()
+
+
+def live_scores(url: str, args, questions: list[RankingQuestion]) -> dict[str, list[list[float]]]:
+    with httpx.Client(base_url=url, timeout=120) as client, ThreadPoolExecutor(args.concurrency) as pool:
+        reranker = list(pool.map(lambda q: rerank_scores(client, args.route, args.reranker, q), questions))
+        encoder = list(pool.map(lambda q: similarity_scores(client, args.embedder, q), questions))
+        served = {m["name"]: m["variant"] for m in client.get("/models").json()["models"]}
+    args.variants = {name: served[name] for name in (args.reranker, args.embedder)}
+    return {"reranker": reranker, "bi-encoder": encoder}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--route", choices=("rerank", "classify"), default="rerank")
+    parser.add_argument("--url", help="a running service (default: start one on --bundles)")
+    parser.add_argument("--bundles", type=Path, default=REPO / ".cache" / "bundles")
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--reranker", default="rerank-minilm")
+    parser.add_argument("--embedder", default="all-minilm-l6-v2")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rerank_quality.json")
+    args = parser.parse_args()
+    if not args.data.exists():
+        print(f"{args.data} is absent: no SQuAD data to rank; skipping")
+        return
+    recipe = recipes(args.data)["rerank"]
+    questions = held_out_questions(recipe["data"])
+    corpus = sorted({s for q in questions for s in q.sentences})
+    bm25 = BM25(corpus)
+    scores = {"bm25": [[bm25.score(q.question, s) for s in q.sentences] for q in questions]}
+    if args.url:
+        scores |= live_scores(args.url, args, questions)
+    else:
+        url, running = common.serve_ours(args.bundles, common.WORK / "rerank_quality.log")
+        with running:
+            scores |= live_scores(url, args, questions)
+    relevant = [q.relevant for q in questions]
+    results = {name: ranking_scores(zip(s, relevant, strict=True)) for name, s in scores.items()}
+    best = {m: max(results[b][m] for b in ("bi-encoder", "bm25")) for m in ("p@1", "mrr")}
+    beats = all(results["reranker"][m] > best[m] for m in best)
+    articles = sorted({q.group for q in questions})
+    report = {
+        "command": shlex.join(["python", "-m", "benchmarks.rerank_quality", *sys.argv[1:]]),
+        "machine": common.machine_info(),
+        "route": args.route,
+        "models": {"reranker": args.reranker, "bi-encoder": args.embedder},
+        "variants": args.variants,
+        "validation": {
+            "articles": articles,
+            "questions": len(questions),
+            "sentences_per_question": sum(len(q.sentences) for q in questions) / len(questions),
+            "split": common.repo_relative(" ".join(recipe["data"])),
+        },
+        "results": results,
+        "reranker_beats_both_baselines": beats,
+    }
+    route = "/rerank" if args.route == "rerank" else "/classify with text_pair (the scores /rerank returns)"
+    route = "/rerank" if args.route == "rerank" else "/classify with text_pair (the scores /rerank returns)"
+    how = {
+        "reranker": (f"reranker `{args.reranker}`", route),
+        "bi-encoder": (f"bi-encoder `{args.embedder}`", "/similarity"),
+        "bm25": ("BM25 (k1 1.2, b 0.75)", "idf over the held-out sentences"),
+    }
+    per_question = report["validation"]["sentences_per_question"]
+    lines = [
+        f"Measured by `{report['command']}`: {len(questions)} questions of {len(articles)} held-out SQuAD "
+        f"articles ({', '.join(articles)}), each ranking the {per_question:.2f} sentences of its paragraph "
+        "on average (one relevant: the sentence holding the answer).\n",
+        "| method | how | P@1 | MRR |",
+        "|---|---|---:|---:|",
+        *(f"| {a} | {b} | {results[n]['p@1']:.4f} | {results[n]['mrr']:.4f} |" for n, (a, b) in how.items()),
+        f"\nThe reranker {'beats' if beats else 'does not beat'} both baselines on both metrics. Ties "
+        "count as a random order (expected P@1 and reciprocal rank).",
+    ]
+    common.write_results(args.out.parent, args.out.stem, report, "\n".join(lines), None)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The official `openai` client and LangChain's OpenAIEmbeddings against a live server (uvicorn on
+loopback, the session's tiny bundles): what they send by default must work as they expect."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+
+TEXTS = ["a great film", "mary won the game"]
+
+
+def embed(url: str, texts: list[str]) -> np.ndarray:
+    reply = httpx.post(f"{url}/embed", json={"inputs": texts}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return np.asarray(reply.json())
+
+
+def test_the_openai_client_lists_models_and_embeds(keyless_live):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{keyless_live.url}/v1", api_key="unused", max_retries=0)
+    ids = {model.id for model in client.models.list()}
+    assert ids == {"classify", "ner", "multiple-choice", "qa", "embed"}
+    # The client asks for base64 unless told otherwise, and decodes it itself.
+    named = client.embeddings.create(model="embed", input=TEXTS)
+    floats = client.embeddings.create(model="embed", input=TEXTS, encoding_format="float")
+    ada = client.embeddings.create(model="text-embedding-ada-002", input=TEXTS[0])
+    expected = embed(keyless_live.url, TEXTS)
+    assert named.model == "embed" and [d.index for d in named.data] == [0, 1]
+    np.testing.assert_allclose([d.embedding for d in named.data], expected, atol=1e-6)
+    np.testing.assert_allclose([d.embedding for d in floats.data], expected, atol=1e-6)
+    assert named.usage.prompt_tokens == named.usage.total_tokens > 0
+    assert ada.model == "embed"  # OpenAI's own name: the embedding default served, and says so
+    np.testing.assert_allclose(ada.data[0].embedding, expected[0], atol=1e-6)
+    with pytest.raises(openai.NotFoundError) as refused:  # any other unknown name is refused
+        client.embeddings.create(model="no-such-model", input=TEXTS[0])
+    assert refused.value.response.json()["error"] == "no_model"
+
+
+def test_langchain_openai_embeddings(keyless_live):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    expected = embed(keyless_live.url, TEXTS)
+    for model in ({}, {"model": "embed"}):  # LangChain's default model name, then ours
+        embeddings = langchain_openai.OpenAIEmbeddings(
+            base_url=f"{keyless_live.url}/v1", api_key="unused", check_embedding_ctx_length=False, **model
+        )
+        np.testing.assert_allclose(embeddings.embed_documents(TEXTS), expected, atol=1e-6)
+        np.testing.assert_allclose(embeddings.embed_query(TEXTS[1]), expected[1], atol=1e-6)

@@ -331,8 +331,10 @@ def tree_rss_mb(pid: int) -> float:
     return round(sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20, 1)
 
 
-def wait_until_ready(proc: subprocess.Popen, url: str, timeout_s: float, log_path: Path) -> None:
-    """Poll GET /ready until 200; fail at once if the process exits or reports a failed load."""
+def wait_until_ready(
+    proc: subprocess.Popen, url: str, timeout_s: float, log_path: Path, ready_path: str = "/ready"
+) -> None:
+    """Poll GET ready_path until 200; fail at once if the process exits or reports a failed load."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -342,7 +344,7 @@ def wait_until_ready(proc: subprocess.Popen, url: str, timeout_s: float, log_pat
             problem = f"exited with status {proc.returncode}"
             break
         try:
-            response = httpx.get(f"{url}/ready", timeout=5)
+            response = httpx.get(f"{url}{ready_path}", timeout=5)
             if response.status_code == 200:
                 return
             if response.headers.get("content-type", "").startswith("application/json"):
@@ -365,6 +367,7 @@ def server(
     url: str,
     ready_timeout: float,
     outcome: dict[str, Any] | None = None,
+    ready_path: str = "/ready",
 ) -> Iterator[int]:
     """Start a server process, wait for GET /ready, yield its pid; SIGTERM (then kill) on exit, with
     its exit status in `outcome["exit_code"]`."""
@@ -374,7 +377,7 @@ def server(
             command, env={**os.environ, **env}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
         )
         try:
-            wait_until_ready(proc, url, ready_timeout, log_path)
+            wait_until_ready(proc, url, ready_timeout, log_path, ready_path)
             yield proc.pid
         finally:
             proc.terminate()

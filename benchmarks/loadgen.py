@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import rawhttp
-from benchmarks.loadgen_payloads import ENDPOINTS, PATHS, make_payload, validate_response
+from benchmarks.loadgen_payloads import (
+    ENDPOINTS,
+    PATHS,
+    PROTOCOLS,
+    from_wire,
+    make_payload,
+    to_wire,
+    validate_response,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -89,6 +97,7 @@ class LoadConfig:
     allow_remote: bool = False
     check_schema: bool = True
     client: str = "raw"  # "raw" (benchmarks/rawhttp.py, lean) or "httpx"
+    protocol: str = "ours"  # or a peer's: loadgen_payloads.PROTOCOLS
 
     def validate(self) -> None:
         check_target(self.url, self.allow_remote)
@@ -106,6 +115,8 @@ class LoadConfig:
             raise ValueError(f"--client must be raw or httpx, got {self.client!r}")
         if self.client == "raw" and not self.url.startswith("http://"):
             raise ValueError("the raw client speaks plain http; use --client httpx for https")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"--protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
         unknown = set(self.endpoints) - set(PATHS)
         if unknown:
             raise ValueError(f"unknown endpoints {sorted(unknown)}")
@@ -229,7 +240,9 @@ class _Runner:
         self.names = [n for n, w in config.endpoints.items() if w > 0]
         self.weights = [config.endpoints[n] for n in self.names]
         self.pools = {n: [make_payload(n, rng) for _ in range(POOL_SIZE)] for n in self.names}
-        self.bodies = {n: [json.dumps(p).encode() for p in pool] for n, pool in self.pools.items()}
+        wire = {n: [to_wire(config.protocol, n, p) for p in pool] for n, pool in self.pools.items()}
+        self.paths = {n: [path for path, _ in forms] for n, forms in wire.items()}
+        self.bodies = {n: [json.dumps(body).encode() for _, body in forms] for n, forms in wire.items()}
         self.samples: list[Sample] = [] if samples is None else samples  # filled as responses arrive
         self.to_check: list[tuple[Sample, str, dict[str, Any], bytes]] = []
         self.issued = 0
@@ -240,7 +253,7 @@ class _Runner:
         payload, body = self.pools[endpoint][index], self.bodies[endpoint][index]
         self.issued += 1
         request_id = f"loadgen-{self.config.seed}-{self.issued}"
-        status, content = await self.sender.send(PATHS[endpoint], body, request_id)
+        status, content = await self.sender.send(self.paths[endpoint][index], body, request_id)
         # perf_counter: uvloop's loop.time() ticks in ms
         sample = Sample(endpoint, status, time.perf_counter() - due, sent_at=due)
         self.samples.append(sample)
@@ -250,9 +263,12 @@ class _Runner:
     def check_schemas(self) -> None:
         for sample, endpoint, payload, content in self.to_check:
             try:
-                sample.schema_error = validate_response(endpoint, payload, json.loads(content))
+                answer = from_wire(self.config.protocol, endpoint, json.loads(content))
+                sample.schema_error = validate_response(endpoint, payload, answer)
             except json.JSONDecodeError:
                 sample.schema_error = "response is not JSON"
+            except (KeyError, IndexError, TypeError, ValueError) as e:
+                sample.schema_error = f"unexpected {self.config.protocol} response: {e!r}"
         self.to_check.clear()
 
     def more(self, started: float, now: float) -> bool:
@@ -405,6 +421,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[LoadConfig, argparse.Name
         default="raw",
         help="raw: pre-encoded HTTP/1.1 over asyncio streams, little client CPU; httpx: full client (https)",
     )
+    p.add_argument("--protocol", choices=PROTOCOLS, default="ours", help="a peer's request shape")
     p.add_argument("--wait-ready", type=float, default=0.0, help="first wait up to N s for GET /ready")
     p.add_argument("--out", type=Path, help="write the JSON report here")
     args = p.parse_args(argv)
@@ -422,6 +439,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[LoadConfig, argparse.Name
             allow_remote=args.allow_remote,
             check_schema=not args.no_schema_check,
             client=args.client,
+            protocol=args.protocol,
         )
         config.validate()
         if args.sweep and args.rate:

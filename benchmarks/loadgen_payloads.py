@@ -12,7 +12,11 @@ from typing import Any
 
 ENDPOINTS = {"classify": "/classify", "ner": "/ner", "multiple-choice": "/multiple-choice", "qa": "/qa"}
 # Every endpoint a load may name; "all" (ENDPOINTS) is the four-task mix the deploy stack serves.
-PATHS = {**ENDPOINTS, "embed": "/embed"}
+# embed-32: 32 sentences per request; classify-25w: two sentences, ~25 words (the peer workloads).
+PATHS = {**ENDPOINTS, "embed": "/embed", "embed-32": "/embed", "classify-25w": "/classify"}
+BASE = {"embed-32": "embed", "classify-25w": "classify"}  # their schema
+PROTOCOLS = ("ours", "openai", "v2")  # openai: Infinity's /embeddings; v2: MLServer's Open Inference
+PEER_MODEL = "peer"  # the model name the peers serve under (Infinity, MLServer)
 
 SENTENCES = [
     "The film opens slowly but the last hour is gripping and beautifully shot.",
@@ -94,7 +98,40 @@ def make_payload(endpoint: str, rng: random.Random) -> dict[str, Any]:
         return body
     if endpoint == "embed":
         return {"inputs": rng.choice(SENTENCES)}  # one sentence of ~10 words, the common query
+    if endpoint == "embed-32":
+        return {"inputs": [rng.choice(SENTENCES) for _ in range(32)]}
+    if endpoint == "classify-25w":
+        return {"text": " ".join(rng.sample(SENTENCES, 2))}
     raise ValueError(f"unknown endpoint {endpoint!r}; choose from {sorted(PATHS)}")
+
+
+def to_wire(protocol: str, endpoint: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(path, body) of `payload` in a peer's protocol; only embed and classify have peers."""
+    if protocol == "ours":
+        return PATHS[endpoint], payload
+    base = BASE.get(endpoint, endpoint)
+    if protocol == "openai" and base == "embed":
+        texts = payload["inputs"]
+        return "/embeddings", {"model": PEER_MODEL, "input": texts if isinstance(texts, list) else [texts]}
+    if protocol == "v2" and base == "classify":
+        tensor = {"name": "args", "shape": [1], "datatype": "BYTES", "data": [payload["text"]]}
+        return f"/v2/models/{PEER_MODEL}/infer", {"inputs": [tensor]}
+    raise ValueError(f"no {protocol!r} form of {endpoint!r}")
+
+
+def from_wire(protocol: str, endpoint: str, body: Any) -> Any:
+    """A peer's response in our shape (so validate_response and the answer comparison read it)."""
+    if protocol == "openai":
+        return [item["embedding"] for item in sorted(body["data"], key=lambda item: item["index"])]
+    if protocol == "v2":  # mlserver-huggingface: one JSON text per input, the pipeline's answer
+        import json
+
+        answer = body["outputs"][0]["data"][0]
+        answer = json.loads(answer) if isinstance(answer, str) else answer
+        answer = answer[0] if isinstance(answer, list) else answer
+        top = {"label": answer["label"], "score": answer["score"]}
+        return {**top, "scores": [top]}
+    return body
 
 
 def _is_number(x: Any) -> bool:
@@ -117,6 +154,7 @@ def _check_span(item: dict[str, Any], source: str, what: str) -> str | None:
 
 def validate_response(endpoint: str, request: dict[str, Any], body: Any) -> str | None:
     """None when `body` matches the endpoint's response schema, else what is wrong."""
+    endpoint = BASE.get(endpoint, endpoint)
     if endpoint == "embed":
         n = len(request["inputs"]) if isinstance(request["inputs"], list) else 1
         if not isinstance(body, list) or len(body) != n or not all(isinstance(v, list) and v for v in body):

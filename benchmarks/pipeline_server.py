@@ -5,16 +5,15 @@
 One process, plain sync `def` endpoints (FastAPI runs them in its thread pool), default
 settings, no batching across requests: the usual "wrap the pipeline in FastAPI" server.
 It loads the same checkpoint directories (Hugging Face layout) that our bundles are exported
-from and answers /classify, /qa and /ner with our request and response shapes, so
+from and answers /classify and /qa with our request and response shapes, so
 benchmarks/loadgen.py drives both servers unchanged.
 
 - /classify: `pipeline("text-classification")`, truncated to `--classify-max-length` tokens
   (service_bench passes the bundle's max_seq_len so both servers do the same model work).
-- /ner: `pipeline("token-classification")` with the request's aggregation strategy.
-- /qa: transformers 5 removed `pipeline("question-answering")`. When the installed version
-  still has it, it is used; otherwise `HFQuestionAnswering` below does what that pipeline did and
-  what the Hugging Face course teaches: the fast tokenizer's overflowing windows with offsets,
-  one forward pass over the request's windows, n-best start/end logits per window, best span.
+- /qa: transformers 5 removed `pipeline("question-answering")`; `HFQuestionAnswering` below does
+  what that pipeline did and what the Hugging Face course teaches: the fast tokenizer's
+  overflowing windows with offsets, one forward pass over the request's windows, n-best
+  start/end logits per window, best span.
 Fields our service reports but a pipeline cannot know cheaply (`truncated`, `value`) are null.
 """
 
@@ -26,7 +25,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, HTTPException
@@ -45,12 +44,6 @@ class ClassifyIn(BaseModel):
     text_pair: str | None = None
     inputs: list[PairIn] | None = None
     top_k: int | None = Field(None, ge=1)
-
-
-class NERIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str = Field(min_length=1)
-    aggregation: Literal["none", "simple", "first", "average", "max"] = "first"
 
 
 class QAIn(BaseModel):
@@ -163,52 +156,9 @@ class HFQuestionAnswering:
         return output.start_logits.float().numpy(), output.end_logits.float().numpy()
 
 
-class PipelineQuestionAnswering:
-    """pipeline("question-answering"), for transformers versions that still have it (< 5)."""
-
-    kind = "transformers pipeline('question-answering')"
-
-    def __init__(self, directory: str | Path, settings: QASettings | None = None):
-        transformers = _quiet_transformers()
-        self.settings = settings or QASettings()
-        self.pipe = transformers.pipeline("question-answering", model=str(directory), device=-1)
-
-    def __call__(
-        self,
-        question: str,
-        context: str,
-        top_k: int = 1,
-        max_answer_len: int | None = None,
-        doc_stride: int | None = None,
-        handle_impossible_answer: bool = False,
-    ) -> tuple[list[dict[str, Any]], int | None]:
-        cfg = self.settings
-        result = self.pipe(
-            question=question,
-            context=context,
-            top_k=top_k,
-            max_seq_len=cfg.max_seq_len,
-            max_question_len=cfg.max_question_len,
-            doc_stride=cfg.doc_stride if doc_stride is None else doc_stride,
-            max_answer_len=max_answer_len or cfg.max_answer_len,
-            handle_impossible_answer=handle_impossible_answer,
-        )
-        answers = result if isinstance(result, list) else [result]
-        keys = ("text", "start", "end", "score")
-        return [
-            dict(zip(keys, (a["answer"], a["start"], a["end"], float(a["score"])), strict=True))
-            for a in answers
-        ], None
-
-
-def make_qa_baseline(directory: str | Path, settings: QASettings | None = None):
-    """The installed transformers' QA pipeline if it has one, else the equivalent recipe."""
-    transformers = _quiet_transformers()
-    try:
-        transformers.pipelines.check_task("question-answering")
-    except (KeyError, AttributeError):
-        return HFQuestionAnswering(directory, settings)
-    return PipelineQuestionAnswering(directory, settings)
+def make_qa_baseline(directory: str | Path, settings: QASettings | None = None) -> HFQuestionAnswering:
+    """transformers 5 has no QA pipeline: the recipe above is what it did."""
+    return HFQuestionAnswering(directory, settings)
 
 
 def add_probes(app: FastAPI) -> None:
@@ -274,15 +224,14 @@ def add_qa_route(app: FastAPI, reader, missing: Callable[[str], HTTPException]) 
 def create_app(
     classify: str | Path | None = None,
     qa: str | Path | None = None,
-    ner: str | Path | None = None,
     *,
     classify_max_length: int | None = None,
     qa_settings: QASettings | None = None,
     threads: int | None = None,
 ) -> FastAPI:
     """Load the given checkpoints now (startup blocks until they are loaded) and serve them."""
-    if not (classify or qa or ner):
-        raise ValueError("give at least one checkpoint directory (classify, qa or ner)")
+    if not (classify or qa):
+        raise ValueError("give at least one checkpoint directory (classify or qa)")
     import torch
 
     transformers = _quiet_transformers()
@@ -291,14 +240,12 @@ def create_app(
     classifier = (
         transformers.pipeline("text-classification", model=str(classify), device=-1) if classify else None
     )
-    tagger = transformers.pipeline("token-classification", model=str(ner), device=-1) if ner else None
     reader = make_qa_baseline(qa, qa_settings) if qa else None
     max_length = classify_max_length or (classifier.tokenizer.model_max_length if classifier else None)
     app = FastAPI(title="transformers pipeline baseline")
     app.state.info = {
         "classify": str(classify) if classify else None,
         "qa": str(qa) if qa else None,
-        "ner": str(ner) if ner else None,
         "qa_kind": reader.kind if reader else None,
         "classify_max_length": max_length,
         "torch_threads": torch.get_num_threads(),
@@ -319,23 +266,6 @@ def create_app(
         outputs = classifier(calls, top_k=None, truncation=True, max_length=max_length)
         return classify_response(request, [[(s["label"], s["score"]) for s in scores] for scores in outputs])
 
-    @app.post("/ner")
-    def ner_endpoint(request: NERIn) -> dict[str, Any]:
-        if tagger is None:
-            raise missing("ner")
-        found = tagger(request.text, aggregation_strategy=request.aggregation)
-        entities = [
-            {
-                "entity": e.get("entity_group", e.get("entity")),
-                "text": request.text[e["start"] : e["end"]],
-                "start": int(e["start"]),
-                "end": int(e["end"]),
-                "score": float(e["score"]),
-            }
-            for e in found
-        ]
-        return {"entities": entities, "windows": 1}
-
     add_qa_route(app, reader, missing)
 
     return app
@@ -345,7 +275,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--classify", help="text-classification checkpoint directory")
     p.add_argument("--qa", help="question-answering checkpoint directory")
-    p.add_argument("--ner", help="token-classification checkpoint directory")
     p.add_argument("--classify-max-length", type=int, help="truncate classify inputs here (tokens)")
     p.add_argument("--qa-max-seq-len", type=int, default=QASettings.max_seq_len)
     p.add_argument("--qa-doc-stride", type=int, default=QASettings.doc_stride)
@@ -355,9 +284,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8001)
     args = p.parse_args(argv)
-    if not (args.classify or args.qa or args.ner):
-        p.error("give at least one of --classify, --qa, --ner")
-    for flag in ("classify", "qa", "ner"):
+    if not (args.classify or args.qa):
+        p.error("give at least one of --classify, --qa")
+    for flag in ("classify", "qa"):
         value = getattr(args, flag)
         if value and not (Path(value) / "config.json").is_file():
             p.error(f"--{flag} {value}: no config.json there (expected a Hugging Face checkpoint directory)")
@@ -380,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(
         args.classify,
         args.qa,
-        args.ner,
         classify_max_length=args.classify_max_length,
         qa_settings=settings,
         threads=args.threads or None,

@@ -55,17 +55,8 @@ def our_server(
         served = sorted(p for p in bundle.parent.iterdir() if (p / MANIFEST_NAME).is_file())
     for path in served:
         (models_dir / path.name).symlink_to(path.resolve(), target_is_directory=True)
-    command = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "app.main:app",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--no-server-header",
-    ]
+    command = [sys.executable, *f"-m uvicorn app.main:app --host 127.0.0.1 --port {port}".split()]
+    command.append("--no-server-header")
     env = {
         "MODELS_DIR": str(models_dir),
         "CPU_VARIANT": args.cpu_variant,
@@ -81,27 +72,15 @@ def pipeline_server(task: str, checkpoint: Path, bundle: Path, port: int, args) 
     from benchmarks.pipeline_server import qa_settings_from_bundle
     from export.bundle import load_bundle_manifest
 
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.pipeline_server",
-        f"--{task}",
-        str(checkpoint),
-        "--port",
-        str(port),
-    ]
-    command += ["--threads", str(args.threads)]
+    command = [sys.executable, "-m", "benchmarks.pipeline_server", f"--{task}", str(checkpoint)]
+    command += ["--port", str(port), "--threads", str(args.threads)]
     if task == "classify":
         command += ["--classify-max-length", str(load_bundle_manifest(bundle).max_seq_len)]
     if task == "qa":
         qa = qa_settings_from_bundle(bundle)
         command += ["--qa-max-seq-len", str(qa.max_seq_len), "--qa-doc-stride", str(qa.doc_stride)]
-        command += [
-            "--qa-max-question-len",
-            str(qa.max_question_len),
-            "--qa-max-answer-len",
-            str(qa.max_answer_len),
-        ]
+        command += ["--qa-max-question-len", str(qa.max_question_len)]
+        command += ["--qa-max-answer-len", str(qa.max_answer_len)]
     return command, {}
 
 

@@ -25,7 +25,6 @@ def app(tiny_checkpoints):
     return create_app(
         tiny_checkpoints["classify"],
         tiny_checkpoints["qa"],
-        tiny_checkpoints["ner"],
         classify_max_length=64,
         qa_settings=QA,
     )
@@ -38,7 +37,7 @@ async def post(app, path: str, body: dict) -> httpx.Response:
 
 async def test_endpoints_answer_with_our_response_shapes(app):
     rng = random.Random(1)
-    for endpoint in ("classify", "qa", "ner"):
+    for endpoint in ("classify", "qa"):
         for _ in range(3):
             payload = make_payload(endpoint, rng)
             response = await post(app, f"/{endpoint}", payload)

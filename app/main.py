@@ -158,6 +158,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
             expose_headers=[
                 *("X-Request-ID", "Server-Timing", "Retry-After", "X-Model", "X-Model-Version"),
+                *("X-Cache", "X-Truncated-Inputs", "X-Windowed-Inputs"),
                 *TEI_HEADERS,
             ],
         )

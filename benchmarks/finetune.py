@@ -43,39 +43,22 @@ def recipes(data: Path) -> dict[str, dict]:
     Optional "stages" train first, in order, each from the one before; the task's own
     data and train options then fine-tune the last stage's output.
     """
+    # fmt: off
     return {
         "sst2": {
             "bundle": "sst2-minilm",
-            "data": [
-                "--task",
-                "classify",
-                "--train",
-                f"{data}/sst2/train.tsv",
-                # Whole sentences (826), with every phrase of them out of training: train.tsv lists
-                # each sentence with its sub-phrases, so a row slice validates on trained phrases.
-                "--validation-fraction",
-                "0.12",
-                "--holdout",
-                "whole-texts",
-                "--max-seq-len",
-                "64",
-            ],
+            # Whole sentences (826), with every phrase of them out of training: train.tsv lists
+            # each sentence with its sub-phrases, so a row slice validates on trained phrases.
+            "data": ["--task", "classify", "--train", f"{data}/sst2/train.tsv",
+                     "--validation-fraction", "0.12", "--holdout", "whole-texts", "--max-seq-len", "64"],
             "train": ["--batch-size", "32", "--epochs", "3", "--lr", "1e-4", "--warmup-ratio", "0.06"],
             "metric": "accuracy",
             "label_names": {"0": "negative", "1": "positive"},  # SST-2's 0/1
         },
         "conll03": {
             "bundle": "conll03-minilm",
-            "data": [
-                "--task",
-                "ner",
-                "--train",
-                f"{data}/conll2003/train.txt",
-                "--validation",
-                f"{data}/conll2003/dev.txt",
-                "--max-seq-len",
-                "128",
-            ],
+            "data": ["--task", "ner", "--train", f"{data}/conll2003/train.txt",
+                     "--validation", f"{data}/conll2003/dev.txt", "--max-seq-len", "128"],
             # Chosen on a tuning slice of train.txt (15% of its documents), never on dev.txt:
             # benchmarks/results/finetune_conll_recipes.md.
             "train": ["--batch-size", "32", "--epochs", "6", "--lr", "1.5e-4", "--warmup-ratio", "0.1"],
@@ -83,58 +66,24 @@ def recipes(data: Path) -> dict[str, dict]:
         },
         "codah": {
             "bundle": "codah-minilm",
-            "data": [
-                "--task",
-                "multiple-choice",
-                "--train",
-                f"{data}/codah/cv_split/fold_0/train.tsv",
-                "--validation",
-                f"{data}/codah/cv_split/fold_0/dev.tsv",
-                "--max-seq-len",
-                "96",
-            ],
+            "data": ["--task", "multiple-choice", "--train", f"{data}/codah/cv_split/fold_0/train.tsv",
+                     "--validation", f"{data}/codah/cv_split/fold_0/dev.tsv", "--max-seq-len", "96"],
             "train": ["--batch-size", "16", "--epochs", "4", "--lr", "5e-5", "--warmup-ratio", "0.1"],
             "metric": "accuracy",
         },
         "squad": {
             "bundle": "squad-minilm",
-            "data": [
-                "--task",
-                "qa",
-                "--train",
-                f"{data}/squad/squad-v1.1-dev-part-b.json",
-                "--validation-fraction",
-                "0.15",
-                "--max-seq-len",
-                "384",
-                "--doc-stride",
-                "128",
-                "--max-query-len",
-                "64",
-            ],
+            "data": ["--task", "qa", "--train", f"{data}/squad/squad-v1.1-dev-part-b.json",
+                     "--validation-fraction", "0.15", "--max-seq-len", "384", "--doc-stride", "128",
+                     "--max-query-len", "64"],
             # An intermediate stage on RACE questions whose answer is a passage span (more than
             # the scarce SQuAD data) teaches span extraction; SQuAD alone comes last.
             "stages": [
                 {
                     "name": "race-spans",
-                    "args": [
-                        "--task",
-                        "qa",
-                        "--train",
-                        f"{data}/race/train.jsonl.gz",
-                        "--max-seq-len",
-                        "384",
-                        "--max-query-len",
-                        "64",
-                        "--batch-size",
-                        "16",
-                        "--epochs",
-                        "1",
-                        "--lr",
-                        "1e-4",
-                        "--warmup-ratio",
-                        "0.1",
-                    ],
+                    "args": ["--task", "qa", "--train", f"{data}/race/train.jsonl.gz", "--max-seq-len", "384",
+                             "--max-query-len", "64", "--batch-size", "16", "--epochs", "1", "--lr", "1e-4",
+                             "--warmup-ratio", "0.1"],
                 }
             ],
             "train": ["--batch-size", "16", "--epochs", "3", "--lr", "1.5e-4", "--warmup-ratio", "0.1"],
@@ -165,6 +114,7 @@ def recipes(data: Path) -> dict[str, dict]:
             "rank": 56,  # the compact-defaults budget (25 MB) leaves room for a rank-56 delta
         },
     }
+    # fmt: on
 
 
 def run(cmd: list[str], log_path: Path | None = None) -> float:

@@ -42,15 +42,8 @@ def rss_growth(samples: list[dict[str, float]], warmup_s: float) -> dict[str, fl
     final = statistics.median(s["rss_mb"] for s in steady[-window:])
     first, last = steady[0]["rss_mb"], steady[-1]["rss_mb"]
     slope = None
-    if len(steady) >= 3:
-        ts, rs = [s["t_s"] for s in steady], [s["rss_mb"] for s in steady]
-        t_mean, r_mean = sum(ts) / len(ts), sum(rs) / len(rs)
-        var = sum((t - t_mean) ** 2 for t in ts)
-        slope = (
-            sum((t - t_mean) * (r - r_mean) for t, r in zip(ts, rs, strict=True)) / var * 3600
-            if var
-            else None
-        )
+    if len(steady) >= 3 and len({s["t_s"] for s in steady}) > 1:
+        slope = common.linear_fit([s["t_s"] for s in steady], [s["rss_mb"] for s in steady])["slope"] * 3600
     return {
         "window_samples": window,
         "baseline_mb": round(baseline, 1),
@@ -212,14 +205,9 @@ def main(argv: list[str] | None = None) -> int:
             rate = round(args.fraction * saturation, 2)
         print(f"soaking at {rate} req/s for {args.duration}s, RSS every {args.sample_every}s", flush=True)
         config = LoadConfig(
-            url=url,
-            rate=rate,
-            duration_s=args.duration,
-            concurrency=256,
-            endpoints=mix,
-            seed=2,
+            url=url, rate=rate, duration_s=args.duration, concurrency=256, endpoints=mix, seed=2,
             api_key=api_key,
-        )
+        )  # fmt: skip
         load, samples = asyncio.run(soak(config, pid, args.sample_every))
     exit_code = outcome["exit_code"]
     log_text = log_path.read_text(encoding="utf-8", errors="replace")

@@ -26,8 +26,9 @@ INDEX = "defaults.json"
 STAMP = ".built-from"
 DEFAULT_VARIANTS = ("fp32", "fused", "int8", "int8-rowwise")
 # What INT8 costs on each default's validation data, part of the defaults' recipe. It is measured
-# where the data exists (benchmarks/int8_accuracy.py) and copied here by hand when a default is
-# retrained: a fresh clone has no data, so the measurement travels in git, beside the deltas.
+# where the data exists (`git show f999225:benchmarks/int8_accuracy.py`, docs/decisions.md) and
+# copied here by hand when a default is retrained: a fresh clone has no data, so the measurement
+# travels in git, beside the deltas.
 TASK_DATA = DEFAULTS_DIR / "int8_task_data.json"
 
 

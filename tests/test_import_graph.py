@@ -7,6 +7,7 @@ not from a reader of the code.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -48,10 +49,16 @@ def imported_names(path: Path, name: str, known: set[str] = frozenset()) -> set[
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+@functools.cache
+def project_imports() -> dict[str, set[str]]:
+    """Every project module -> every name it imports (project modules resolved), read once."""
     modules = project_modules()
-    known = set(modules)
-    return {name: (imported_names(path, name, known) & known) - {name} for name, path in modules.items()}
+    return {name: imported_names(path, name, set(modules)) for name, path in modules.items()}
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = set(project_modules())
+    return {name: (names & known) - {name} for name, names in project_imports().items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -110,10 +117,10 @@ def test_the_cycle_finder_finds_a_cycle_through_a_lazy_import(tmp_path: Path) ->
 )
 def test_layering(package: str, forbidden: tuple[str, ...]) -> None:
     offenders = []
-    for name, path in project_modules().items():
+    for name, targets in project_imports().items():
         if name.split(".")[0] != package:
             continue
-        for target in imported_names(path, name):
+        for target in targets:
             if target.split(".")[0] in forbidden:
                 offenders.append(f"{name} imports {target}")
     assert not offenders, offenders
@@ -122,12 +129,11 @@ def test_layering(package: str, forbidden: tuple[str, ...]) -> None:
 def test_every_import_of_a_project_module_names_one_that_exists() -> None:
     """A module moved to another package (model/ -> train/) leaves lazy imports inside functions
     that nothing runs until a benchmark does: every one must still name a real module."""
-    modules = project_modules()
-    known = set(modules) | set(PACKAGES)
+    known = set(project_modules()) | set(PACKAGES)
     missing = {
         f"{name} imports {target}"
-        for name, path in modules.items()
-        for target in imported_names(path, name, set(modules))
+        for name, targets in project_imports().items()
+        for target in targets
         if target.split(".")[0] in PACKAGES and target not in known
     }
     assert not missing, sorted(missing)

@@ -1,4 +1,5 @@
-"""Tiny random checkpoints and bundles (made once per session) for the benchmark smoke tests."""
+"""The benchmark smoke tests' tiny checkpoints and bundles: the session's shared ones
+(tests/conftest.py TinyModels)."""
 
 from __future__ import annotations
 
@@ -7,31 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.tiny import make_tiny_checkpoint
 
-MAX_SEQ_LEN = 64
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tiny_models) -> dict[str, Path]:
+    return {task: tiny_models.checkpoint(task) for task in ("classify", "qa", "ner")}
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("bench-checkpoints")
-    return {task: make_tiny_checkpoint(task, root / task) for task in ("classify", "qa", "ner")}
-
-
-@pytest.fixture(scope="session")
-def tiny_bundles(tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
-    from export import export_bundle
-
-    root = tmp_path_factory.mktemp("bench-bundles")
-    return {
-        task: export_bundle(
-            tiny_checkpoints[task],
-            root / task,
-            variants=("fp32", "fused", "int8", "int8-rowwise"),
-            max_seq_len=MAX_SEQ_LEN,
-        )
-        for task in ("classify", "qa")
-    }
+def tiny_bundles(app_bundles) -> dict[str, Path]:
+    return {task: app_bundles[task] for task in ("classify", "qa")}
 
 
 def write_squad(path: Path, articles: int = 3) -> Path:

@@ -132,7 +132,7 @@ def test_pack_respects_size_and_token_limits():
         assert len(batch) == 1 or max(map(len, batch)) * len(batch) <= 128
 
 
-def test_model_only_references_on_a_tiny_bundle(tiny_bundles):
+def test_model_only_references_on_a_tiny_bundle(tiny_bundles, regression_bundle):
     rng = random.Random(0)
     model = BundleModel(tiny_bundles["qa"], "fp32", threads=1)
     payloads = [make_payload("qa", rng) for _ in range(4)]
@@ -149,7 +149,7 @@ def test_model_only_references_on_a_tiny_bundle(tiny_bundles):
     assert batched["requests_per_s"] == batched["by_batch_size"][4]["requests_per_s"] > 0
     assert batched["sequences_per_request"] >= 1
     with pytest.raises(ValueError, match="no 'fp16' variant"):
-        BundleModel(tiny_bundles["qa"], "fp16")
+        BundleModel(regression_bundle, "fp16")  # fp32 + int8 only
 
 
 def test_batched_reference_runs_instances_side_by_side(tiny_bundles):

@@ -190,7 +190,7 @@ def test_legacy_google_names_and_sharded_weights(hf_checkpoints, tmp_path):
     assert_matches_transformers(model, "ner", tmp_path / "sharded-bundle", variants=("fp32",))
 
 
-def test_hub_id_resolves_through_the_hub_cache(hf_checkpoints, tmp_path):
+def test_hub_id_resolves_through_the_hub_cache(hf_checkpoints, tmp_path, monkeypatch, capsys):
     """The real hub code path (huggingface_hub.snapshot_download) on a local directory laid out as the
     hub cache, offline: nothing can be downloaded here."""
     model, source = hf_checkpoints["qa"]
@@ -220,6 +220,10 @@ def test_hub_id_resolves_through_the_hub_cache(hf_checkpoints, tmp_path):
     )
     assert_matches_transformers(model, "qa", tmp_path / "b", variants=("fp32",))
 
-    command[3:5] = ["acme/not-cached", str(tmp_path / "c")]
-    missing = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
-    assert missing.returncode == 1 and "'acme/not-cached' is not a local directory" in missing.stderr
+    # An id the cache lacks, in-process (one interpreter start is enough): a clear one-line error.
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", env["HF_HUB_CACHE"])
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert main(["acme/not-cached", str(tmp_path / "c"), "--variants", "fp32"]) == 1
+    assert "'acme/not-cached' is not a local directory" in capsys.readouterr().err

@@ -5,7 +5,8 @@ schemathesis' own checks judge each response: no 5xx, a documented status code, 
 content type and headers, a body that conforms to the response schema, and invalid data refused.
 Its pytest plugin does not run under pytest 9, so hypothesis drives `operation.as_strategy()` and
 each case goes through `case.call_and_validate`. Examples are bounded and derandomized (the same
-cases every run); raise FUZZ_EXAMPLES for a longer local hunt.
+cases every run), 20 per operation and mode in the suite; raise
+FUZZ_EXAMPLES for a longer hunt.
 
 Valid requests must be served. The only refusals allowed are the deployment's limits, which the
 schema cannot state: character and item limits (MAX_TEXT_CHARS, MAX_CHOICES, ...), `top_k` above
@@ -32,7 +33,7 @@ from schemathesis.checks import (
 
 from tests.reliability.conftest import AUTH
 
-MAX_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
+MAX_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "20"))
 
 
 def not_a_server_error_but_a_deadline(ctx, response, case):

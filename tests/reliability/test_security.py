@@ -165,10 +165,14 @@ json.loads(text)
 def test_no_python_source_loads_pickles():
     sources = python_sources(ROOT)
     assert len(sources) > 50 and ROOT / "app" / "main.py" in sources
+    texts = {path: path.read_text(encoding="utf-8") for path in sources}
+    # Only a file that names one of the patterns can match: the others are not parsed.
+    words = (*PICKLE_MODULES, "torch.load", "np.load", "numpy.load", "read_pickle")
     found = {
         str(path.relative_to(ROOT)): hits
-        for path in sources
-        if (hits := pickle_loads(path.read_text(encoding="utf-8")))
+        for path, text in texts.items()
+        if any(word in text for word in words)
+        and (hits := pickle_loads(text))
         and path != Path(__file__).resolve()  # this file spells the patterns out
     }
     assert not found, found

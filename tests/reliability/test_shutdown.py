@@ -1,5 +1,6 @@
-"""Graceful shutdown of a real uvicorn process: on SIGTERM readiness turns false, in-flight requests
-finish with their answers, and only then does the process exit."""
+"""A real `uvicorn app.main:app` process on MODELS_DIR, end to end: request ids, Server-Timing and
+JSON logs; and graceful shutdown: on SIGTERM readiness turns false, in-flight requests finish with
+their answers, and only then does the process exit."""
 
 from __future__ import annotations
 
@@ -36,7 +37,11 @@ async def test_sigterm_stops_readiness_finishes_in_flight_requests_then_exits(mo
         assert server.wait_ready().status_code == 200
         pool = ConnectionPool("127.0.0.1", server.port)
         requests = [
-            asyncio.create_task(pool.request(post_json("/classify", {"text": f"a good film {i}"})))
+            asyncio.create_task(
+                pool.request(
+                    post_json("/classify", {"text": f"a good film {i}"}, {"x-request-id": f"held-{i}"})
+                )
+            )
             for i in range(IN_FLIGHT)
         ]
         deadline = time.monotonic() + 10
@@ -62,11 +67,18 @@ async def test_sigterm_stops_readiness_finishes_in_flight_requests_then_exits(mo
     # The in-flight requests were answered after the signal, then the process exited cleanly.
     assert [r.status for r in responses] == [200] * IN_FLIGHT
     assert all(r.json()["label"] in ("negative", "positive") for r in responses)
+    # Each answer echoes its request id and says how long inference took.
+    assert [r.headers["x-request-id"] for r in responses] == [f"held-{i}" for i in range(IN_FLIGHT)]
+    assert all("inference;dur=" in r.headers["server-timing"] for r in responses)
     assert answered - signalled > 0.2 and exited >= answered
     assert code in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after a graceful shutdown
+    for line in server.log_text().splitlines():  # uvicorn's own lines too: one JSON record each
+        assert line.startswith("{") or not line.strip(), f"non-JSON log line: {line!r}"
     records = server.log_records()
     messages = [r["message"] for r in records]
+    assert "bundle ready" in messages
     served = [i for i, r in enumerate(records) if r["message"] == "request" and r.get("path") == "/classify"]
     assert len(served) == IN_FLIGHT and all(records[i]["status"] == 200 for i in served)
+    assert sorted(records[i].get("request_id") for i in served) == [f"held-{i}" for i in range(IN_FLIGHT)]
     assert max(served) < messages.index("shutdown complete")
     assert "Traceback" not in server.log_text()

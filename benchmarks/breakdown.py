@@ -196,8 +196,7 @@ def run_endpoint(endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
     bundle = common.require_bundle(args.bundles_dir / BUNDLES[endpoint], endpoint)
     port = common.free_port()
     url = f"http://127.0.0.1:{port}"
-    args.threads, args.instances = 0, 0
-    command, env = our_server(bundle, port, args, args.work_dir / "models-dir" / f"breakdown-{endpoint}")
+    command, env = our_server([bundle], port, args.work_dir / "models-dir" / f"breakdown-{endpoint}", {})
     log_path = args.work_dir / "logs" / f"breakdown-{endpoint}.log"
     print(f"/{endpoint}: {' '.join(command)}", flush=True)
     with common.server(command, env, log_path, url, 300.0) as pid:
@@ -280,8 +279,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cpu-variant", default="int8-rowwise")
-    p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--bundles-dir", type=Path, default=common.ROOT / ".cache" / "bundles")
     p.add_argument("--work-dir", type=Path, default=common.WORK)
     p.add_argument("--out", type=Path, default=common.RESULTS)
@@ -291,7 +288,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.endpoints or set(args.endpoints) - set(ENDPOINTS):
         p.error(f"--endpoints must name some of {ENDPOINTS}")
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    args.server_env = dict(item.split("=", 1) for item in args.server_env)
     return args
 
 
@@ -304,7 +300,6 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": args.duration,
         "rate": args.rate,
         "concurrency": args.concurrency,
-        "server_env": args.server_env,
         "rules": RULES,
         "endpoints": {e: run_endpoint(e, args) for e in args.endpoints},
     }

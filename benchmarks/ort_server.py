@@ -127,17 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--classify", help="classify bundle directory")
     p.add_argument("--qa", help="qa bundle directory")
-    p.add_argument(
-        "--variant", default=None, help="bundle variant (default: the one our server picks on CPU)"
-    )
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = ONNX Runtime's default)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--variant", help="bundle variant (default: the one our server picks on CPU)")
     p.add_argument("--port", type=int, default=8002)
     args = p.parse_args(argv)
     if not (args.classify or args.qa):
         p.error("give at least one of --classify, --qa")
-    app = create_app(args.classify, args.qa, variant=args.variant, threads=args.threads)
-    return serve(app, "plain ORT server", args.host, args.port)
+    return serve(create_app(args.classify, args.qa, variant=args.variant, threads=0), "plain ORT", args.port)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ It loads the same checkpoint directories (Hugging Face layout) that our bundles 
 from and answers /classify and /qa with our request and response shapes, so
 benchmarks/loadgen.py drives both servers unchanged.
 
-- /classify: `pipeline("text-classification")`, truncated to `--classify-max-length` tokens
-  (service_bench passes the bundle's max_seq_len so both servers do the same model work).
+- /classify: `pipeline("text-classification")`, truncated to `--bundle`'s max_seq_len, so both
+  servers do the same model work (QA windows are cut as the bundle cuts them too).
 - /qa: transformers 5 removed `pipeline("question-answering")`; `HFQuestionAnswering` below does
   what that pipeline did and what the Hugging Face course teaches: the fast tokenizer's
   overflowing windows with offsets, one forward pass over the request's windows, n-best
@@ -162,11 +162,7 @@ def make_qa_baseline(directory: str | Path, settings: QASettings | None = None) 
 
 
 def add_probes(app: FastAPI) -> None:
-    """/health, /ready and /models (app.state.info): the routes benchmarks/loadgen.py waits on."""
-
-    @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
+    """/ready and /models (app.state.info): the routes the benchmarks wait on and record."""
 
     @app.get("/ready")
     def ready() -> dict[str, str]:
@@ -227,7 +223,6 @@ def create_app(
     *,
     classify_max_length: int | None = None,
     qa_settings: QASettings | None = None,
-    threads: int | None = None,
 ) -> FastAPI:
     """Load the given checkpoints now (startup blocks until they are loaded) and serve them."""
     if not (classify or qa):
@@ -235,8 +230,6 @@ def create_app(
     import torch
 
     transformers = _quiet_transformers()
-    if threads:
-        torch.set_num_threads(threads)
     classifier = (
         transformers.pipeline("text-classification", model=str(classify), device=-1) if classify else None
     )
@@ -271,49 +264,31 @@ def create_app(
     return app
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--classify", help="text-classification checkpoint directory")
-    p.add_argument("--qa", help="question-answering checkpoint directory")
-    p.add_argument("--classify-max-length", type=int, help="truncate classify inputs here (tokens)")
-    p.add_argument("--qa-max-seq-len", type=int, default=QASettings.max_seq_len)
-    p.add_argument("--qa-doc-stride", type=int, default=QASettings.doc_stride)
-    p.add_argument("--qa-max-question-len", type=int, default=QASettings.max_question_len)
-    p.add_argument("--qa-max-answer-len", type=int, default=QASettings.max_answer_len)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8001)
-    args = p.parse_args(argv)
-    if not (args.classify or args.qa):
-        p.error("give at least one of --classify, --qa")
-    for flag in ("classify", "qa"):
-        value = getattr(args, flag)
-        if value and not (Path(value) / "config.json").is_file():
-            p.error(f"--{flag} {value}: no config.json there (expected a Hugging Face checkpoint directory)")
-    return args
-
-
-def serve(app: FastAPI, what: str, host: str, port: int) -> int:
+def serve(app: FastAPI, what: str, port: int) -> int:
     import uvicorn
 
-    print(f"{what} serving {app.state.info} on {host}:{port} (pid {os.getpid()})", flush=True)
-    uvicorn.run(app, host=host, port=port)  # uvicorn defaults, access log included
+    print(f"{what} serving {app.state.info} on 127.0.0.1:{port} (pid {os.getpid()})", flush=True)
+    uvicorn.run(app, host="127.0.0.1", port=port)  # uvicorn defaults, access log included
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    settings = QASettings(
-        args.qa_max_seq_len, args.qa_doc_stride, args.qa_max_question_len, args.qa_max_answer_len
-    )
-    app = create_app(
-        args.classify,
-        args.qa,
-        classify_max_length=args.classify_max_length,
-        qa_settings=settings,
-        threads=args.threads or None,
-    )
-    return serve(app, "pipeline baseline", args.host, args.port)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--classify", help="text-classification checkpoint directory")
+    p.add_argument("--qa", help="question-answering checkpoint directory")
+    p.add_argument("--bundle", help="cut inputs as this bundle does (max_seq_len, QA windows)")
+    p.add_argument("--port", type=int, default=8001)
+    args = p.parse_args(argv)
+    for flag in ("classify", "qa"):
+        value = getattr(args, flag)
+        if value and not (Path(value) / "config.json").is_file():
+            p.error(f"--{flag} {value}: no config.json there (expected a Hugging Face checkpoint directory)")
+    if not (args.classify or args.qa):
+        p.error("give at least one of --classify, --qa")
+    settings = qa_settings_from_bundle(args.bundle) if args.bundle else QASettings()
+    length = settings.max_seq_len if args.bundle else None
+    app = create_app(args.classify, args.qa, classify_max_length=length, qa_settings=settings)
+    return serve(app, "pipeline baseline", args.port)
 
 
 if __name__ == "__main__":

@@ -97,20 +97,6 @@ def minilm_dir() -> Path:
     return link
 
 
-def pipeline_settings(endpoint: str, bundle: Path) -> str:
-    """The pipeline floor's options that match the bundle's lengths and QA settings."""
-    from benchmarks.pipeline_server import qa_settings_from_bundle
-    from export.bundle import load_bundle_manifest
-
-    if endpoint == "classify":
-        return f"--classify-max-length {load_bundle_manifest(bundle).max_seq_len}"
-    qa = qa_settings_from_bundle(bundle)
-    return (
-        f"--qa-max-seq-len {qa.max_seq_len} --qa-doc-stride {qa.doc_stride} "
-        f"--qa-max-question-len {qa.max_question_len} --qa-max-answer-len {qa.max_answer_len}"
-    )
-
-
 def command(name: str, endpoint: str, port: int, entry: dict[str, Any], args) -> tuple[list, dict, str]:
     """(argv, environment, readiness path) of one server for one endpoint. No path here holds a space."""
     bundle, checkpoint, py = Path(entry["bundle"]), entry.get("checkpoint"), sys.executable
@@ -118,7 +104,7 @@ def command(name: str, endpoint: str, port: int, entry: dict[str, Any], args) ->
     if name in SERVERS and SERVERS[name][2] is None and not name.startswith("ours"):
         floor = {
             "ort": f"ort_server --{endpoint} {bundle} --variant {VARIANT}",
-            "pipeline": f"pipeline_server --{endpoint} {checkpoint} {pipeline_settings(endpoint, bundle)}",
+            "pipeline": f"pipeline_server --{endpoint} {checkpoint} --bundle {bundle}",
             "st": "st_server --model minilm",
         }[name]
         return f"{py} -m benchmarks.{floor} --port {port}".split(), {}, "/ready"

@@ -5,19 +5,13 @@
     python -m benchmarks.service_bench --endpoints embed,classify --servers all --rounds 2 --duration 5 \
         --concurrency 1,32 --name peers                    # every peer, each in its own environment
 
-A server is a server: ours (`uvicorn app.main:app` on the endpoint's bundle alone), `ours-no-solo`
-(SOLO_SESSION=false), `ours-defaults` (every bundle beside it loaded, what `make serve` runs), any
-`--ablation`, the floors in this environment (ort_server.py: the transformers tokenizer and one
-session.run per request on our ONNX file; pipeline_server.py: the transformers pipeline on the checkpoint
-the bundle came from; st_server.py: sentence-transformers) and the real peers in their own environments
-(peer_envs.py): Infinity 0.0.77 (optimum and torch engines), Optimum's recipe and fastembed in
-FastAPI (peer_server.py), MLServer + mlserver-huggingface over V2. One at a time on loopback, in an
-order that rotates each round; each answers fixed probes first (compared with ours: cosine for
-embeddings, label and score for classify), then closed-loop load from benchmarks/loadgen.py in this
-process at each level (/embed also at 32 texts per request, c=4), the same seeded payloads in each
-server's protocol, with the server's CPU per request (main thread, other threads) and the load
-generator's. Then, with no server running, our bare model on the same payloads (model_only.py).
-Targets and tables: service_report.py. Writes benchmarks/results/<name>.{json,md,png}.
+A server is a server (the registry SERVERS): ours and its variants and `--ablation`s, the floors in
+this environment (ort_server.py, pipeline_server.py, st_server.py) and the real peers, each in its
+own environment (peer_envs.py, peer_server.py). One at a time on loopback, in an order that rotates
+each round; each answers fixed probes first (compared with ours), then closed-loop load from
+loadgen.py in this process at each level (/embed also 32 texts per request at c=4) in its own
+protocol, with its CPU per request. Then, with no server running, our bare model on the same
+payloads (model_only.py). Targets and tables: service_report.py. See benchmarks/README.md.
 """
 
 from __future__ import annotations

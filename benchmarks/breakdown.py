@@ -225,22 +225,18 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(
                     f"| {stage} | " + " | ".join("" if c is None else f"{c:.3f}" for c in cells) + " |"
                 )
-        lines += ["", "| | " + " | ".join(f"c={r['concurrency']}" for r in levels) + " |"]
-        lines.append("|---|" + "---:|" * len(levels))
-        lines.append(
-            "| throughput, req/s | " + " | ".join(f"{r['throughput_rps']:.1f}" for r in levels) + " |"
-        )
-        lines.append(
-            "| client p50 / p99, ms | "
-            + " | ".join(f"{r['client_latency_ms']['p50']} / {r['client_latency_ms']['p99']}" for r in levels)
-            + " |"
-        )
+        rows = {"throughput, req/s": [f"{r['throughput_rps']:.1f}" for r in levels]}
+        rows["client p50 / p99, ms"] = [
+            f"{r['client_latency_ms']['p50']} / {r['client_latency_ms']['p99']}" for r in levels
+        ]
         for key in ("server total", "tokenize", "queue", "inference", "postprocess"):
-            lines.append(
-                f"| service's own: {key}, mean ms | "
-                + " | ".join(str(r["service_timings_ms"].get(key, "")) for r in levels)
-                + " |"
-            )
+            rows[f"service's own: {key}, mean ms"] = [
+                str(r["service_timings_ms"].get(key, "")) for r in levels
+            ]
+        lines += ["", "| | " + " | ".join(f"c={r['concurrency']}" for r in levels) + " |"]
+        lines += ["|---|" + "---:|" * len(levels)] + [
+            f"| {k} | " + " | ".join(v) + " |" for k, v in rows.items()
+        ]
         lines.append("")
     return "\n".join(lines)
 

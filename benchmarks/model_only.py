@@ -154,13 +154,6 @@ def single_request_reference(
     return _time_each(model.run, [model.encodings(p) for p in payloads], seconds)
 
 
-def tokenize_reference(model: BundleModel, payloads: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-    """Per request, the service's pre-processing alone: the request body to the sequences the model
-    reads (tokenizing, windows), on this thread. What any server that tokenizes pays on top of
-    the model, wherever it runs it."""
-    return _time_each(model.encodings, payloads, seconds)
-
-
 def batched_reference(
     model: BundleModel, payloads: list[dict[str, Any]], seconds: float, sizes: Sequence[int] = (1, 8, 32)
 ) -> dict[str, Any]:

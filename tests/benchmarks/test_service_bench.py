@@ -159,7 +159,7 @@ def test_real_servers_alternate_over_rounds_with_answers_compared(tiny_checkpoin
     assert set(entry["servers"]) == {"ours", "ours-no-solo", "ours-defaults", "ort", "pipeline"}
     (ours,) = entry["servers"]["ours"]["models"]["models"]  # our /models answered: the real app served it
     assert ours["solo_threads"] == (ours["instances"] if available_cores() >= 2 else None)
-    assert "ort_server --classify" in entry["servers"]["ort"]["command"]
+    assert "pipeline_server --ort --classify" in entry["servers"]["ort"]["command"]
     for name, server in entry["servers"].items():
         assert server["rounds"] == 2 and len(server["ready_seconds_by_round"]) == 2
         assert [r["concurrency"] for r in server["levels"]] == [1, 2]

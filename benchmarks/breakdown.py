@@ -56,24 +56,10 @@ RULES: list[tuple[str, str, str]] = [
     ("service glue", r".*", r"app/"),
     ("asyncio machinery", r".*", r"asyncio/|uvloop/|contextvars"),
 ]
-STAGES = [
-    "parse",
-    "validate",
-    "tokenize",
-    "admission/queue",
-    "collate/pad",
-    "ORT run",
-    "decode",
-    "serialize",
-    "write",
-    "http in (uvicorn)",
-    "routing/middleware",
-    "metrics/logs",
-    "service glue",
-    "asyncio machinery",
-    "other",
-    "idle",
-]
+STAGES = ["parse", "validate", "tokenize", "admission/queue", "collate/pad", "ORT run", "decode", "serialize"]
+STAGES += ["write", "http in (uvicorn)", "routing/middleware", "metrics/logs", "service glue"]
+STAGES += ["asyncio machinery", "other", "idle"]
+RATE, WARMUP_S = 200, 3.0  # py-spy samples per second; warm-up before the first level
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
 IDLE_LEAVES = re.compile(
     r"Runner\.run \(asyncio/runners\.py|run \(uvloop/|threading\.py|queue\.py|concurrent/futures/thread\.py"
@@ -155,17 +141,10 @@ def own_timings(before: dict, after: dict, endpoint: str) -> dict[str, float]:
 def profile_level(url: str, pid: int, endpoint: str, level: int, args: argparse.Namespace) -> dict:
     raw = args.work_dir / "breakdown" / f"{endpoint}-c{level}.txt"
     raw.parent.mkdir(parents=True, exist_ok=True)
-    config = loadgen.LoadConfig(
-        url=url,
-        duration_s=args.duration,
-        concurrency=level,
-        endpoints={endpoint: 1.0},
-        timeout_s=120.0,
-        seed=args.seed,
-    )
+    config = loadgen.LoadConfig(url, duration_s=args.duration, concurrency=level, endpoints={endpoint: 1.0})
     before = scrape(url)
     spy = subprocess.Popen(
-        [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--rate", str(args.rate)]
+        [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--rate", str(RATE)]
         + ["--duration", str(int(args.duration)), "--format", "raw", "--threads", "--idle", "--nonblocking"]
         + ["-o", str(raw)],
         stdout=subprocess.DEVNULL,
@@ -196,18 +175,13 @@ def run_endpoint(endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
     bundle = common.require_bundle(args.bundles_dir / BUNDLES[endpoint], endpoint)
     port = common.free_port()
     url = f"http://127.0.0.1:{port}"
-    args.threads, args.instances = 0, 0
-    command, env = our_server(bundle, port, args, args.work_dir / "models-dir" / f"breakdown-{endpoint}")
+    command, env = our_server([bundle], port, args.work_dir / "models-dir" / f"breakdown-{endpoint}", {})
     log_path = args.work_dir / "logs" / f"breakdown-{endpoint}.log"
     print(f"/{endpoint}: {' '.join(command)}", flush=True)
     with common.server(command, env, log_path, url, 300.0) as pid:
         info = httpx.get(f"{url}/models", timeout=10).json()
         (model,) = [m for m in info["models"] if m["status"] == "ready"]
-        loadgen.run(
-            loadgen.LoadConfig(
-                url=url, duration_s=args.warmup, concurrency=32, endpoints={endpoint: 1.0}, seed=args.seed
-            )
-        )
+        loadgen.run(loadgen.LoadConfig(url, duration_s=WARMUP_S, concurrency=32, endpoints={endpoint: 1.0}))
         levels = []
         for level in args.concurrency:
             row = profile_level(url, pid, endpoint, level, args)
@@ -231,9 +205,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['rate']} Hz on every thread (idle included). Profile columns: ms per request = the "
         "stage's samples converted to thread time / requests served ('other threads' summed over "
         "the inference and to_thread workers; idle there counts each idle worker). Service "
-        "columns: the service's own stage histograms "
-        "(Server-Timing). The load generator shares the 2 cores with the server, and py-spy takes "
-        "some CPU too: compare rows of one run, not with other files.",
+        "columns: the service's own stage histograms (Server-Timing). The load generator shares the "
+        "cores with the server, and py-spy takes some CPU too: compare rows of one run only.",
         "",
     ]
     for endpoint, entry in report["endpoints"].items():
@@ -252,36 +225,27 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(
                     f"| {stage} | " + " | ".join("" if c is None else f"{c:.3f}" for c in cells) + " |"
                 )
-        lines += ["", "| | " + " | ".join(f"c={r['concurrency']}" for r in levels) + " |"]
-        lines.append("|---|" + "---:|" * len(levels))
-        lines.append(
-            "| throughput, req/s | " + " | ".join(f"{r['throughput_rps']:.1f}" for r in levels) + " |"
-        )
-        lines.append(
-            "| client p50 / p99, ms | "
-            + " | ".join(f"{r['client_latency_ms']['p50']} / {r['client_latency_ms']['p99']}" for r in levels)
-            + " |"
-        )
+        rows = {"throughput, req/s": [f"{r['throughput_rps']:.1f}" for r in levels]}
+        rows["client p50 / p99, ms"] = [
+            f"{r['client_latency_ms']['p50']} / {r['client_latency_ms']['p99']}" for r in levels
+        ]
         for key in ("server total", "tokenize", "queue", "inference", "postprocess"):
-            lines.append(
-                f"| service's own: {key}, mean ms | "
-                + " | ".join(str(r["service_timings_ms"].get(key, "")) for r in levels)
-                + " |"
-            )
+            rows[f"service's own: {key}, mean ms"] = [
+                str(r["service_timings_ms"].get(key, "")) for r in levels
+            ]
+        lines += ["", "| | " + " | ".join(f"c={r['concurrency']}" for r in levels) + " |"]
+        lines += ["|---|" + "---:|" * len(levels)] + [
+            f"| {k} | " + " | ".join(v) + " |" for k, v in rows.items()
+        ]
         lines.append("")
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--endpoints", default=",".join(ENDPOINTS))
     p.add_argument("--concurrency", default="1,32")
     p.add_argument("--duration", type=float, default=15.0, help="seconds of profiled load per level")
-    p.add_argument("--warmup", type=float, default=3.0)
-    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cpu-variant", default="int8-rowwise")
-    p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--bundles-dir", type=Path, default=common.ROOT / ".cache" / "bundles")
     p.add_argument("--work-dir", type=Path, default=common.WORK)
     p.add_argument("--out", type=Path, default=common.RESULTS)
@@ -290,21 +254,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.endpoints = [e for e in args.endpoints.split(",") if e]
     if not args.endpoints or set(args.endpoints) - set(ENDPOINTS):
         p.error(f"--endpoints must name some of {ENDPOINTS}")
-    args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    args.server_env = dict(item.split("=", 1) for item in args.server_env)
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
     report: dict[str, Any] = {
         "created_at": common.now(),
         "command": "python -m benchmarks.breakdown " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": common.machine_info(),
         "duration_s": args.duration,
-        "rate": args.rate,
+        "rate": RATE,
         "concurrency": args.concurrency,
-        "server_env": args.server_env,
         "rules": RULES,
         "endpoints": {e: run_endpoint(e, args) for e in args.endpoints},
     }

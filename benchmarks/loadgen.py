@@ -389,11 +389,7 @@ async def wait_ready(url: str, timeout_s: float, transport: httpx.AsyncBaseTrans
 
 def closed_loop_sweep(config: LoadConfig, levels: list[int]) -> list[dict[str, Any]]:
     """The benchmarks' table: one closed-loop run per concurrency level."""
-    reports = []
-    for level in levels:
-        cfg = LoadConfig(**{**asdict(config), "rate": None, "concurrency": level})
-        reports.append(run(cfg))
-    return reports
+    return [run(LoadConfig(**{**asdict(config), "rate": None, "concurrency": level})) for level in levels]
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[LoadConfig, argparse.Namespace]:
@@ -402,12 +398,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[LoadConfig, argparse.Name
     p.add_argument("--rate", type=float, help="requests/s, open loop; omit for closed loop")
     p.add_argument("--duration", type=float, default=10.0, help="seconds (0 = until --max-requests)")
     p.add_argument("--max-requests", type=int)
-    p.add_argument(
-        "--concurrency",
-        type=int,
-        default=None,
-        help="closed loop: workers (default 8); open loop: in-flight cap (default 256)",
-    )
+    p.add_argument("--concurrency", type=int, help="closed loop: workers (8); open loop: in-flight cap (256)")
     p.add_argument("--sweep", help="closed loop at each concurrency level, e.g. 1,8,32,64")
     p.add_argument("--endpoints", default="all", help="'all', 'classify,qa' or 'classify=3,ner=1'")
     p.add_argument("--timeout", type=float, default=30.0)
@@ -416,10 +407,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[LoadConfig, argparse.Name
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --url")
     p.add_argument("--no-schema-check", action="store_true")
     p.add_argument(
-        "--client",
-        choices=("raw", "httpx"),
-        default="raw",
-        help="raw: pre-encoded HTTP/1.1 over asyncio streams, little client CPU; httpx: full client (https)",
+        "--client", choices=("raw", "httpx"), default="raw", help="raw: lean HTTP/1.1; httpx: https"
     )
     p.add_argument("--protocol", choices=PROTOCOLS, default="ours", help="a peer's request shape")
     p.add_argument("--wait-ready", type=float, default=0.0, help="first wait up to N s for GET /ready")
@@ -457,10 +445,9 @@ def _print_summary(report: dict[str, Any]) -> None:
         f"p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} ms"
     )
     for name, ep in report["endpoints"].items():
-        ep_lat = ep["latency_ms"]
+        ep_lat, errors = ep["latency_ms"], ep["errors_by_status"] or 0
         print(
-            f"  {name:16} {ep['requests']:6} req  p50 {ep_lat['p50']}  p99 {ep_lat['p99']} ms  "
-            f"errors {ep['errors_by_status'] or 0}"
+            f"  {name:16} {ep['requests']:6} req  p50 {ep_lat['p50']} p99 {ep_lat['p99']} ms  errors {errors}"
         )
     if report["schema_error_examples"]:
         print("  schema errors, e.g.:", *report["schema_error_examples"], sep="\n    ")
@@ -470,13 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     config, args = parse_args(argv)
     if args.wait_ready:
         run_async(wait_ready(config.url, args.wait_ready))
-    if args.sweep:
-        levels = [int(x) for x in args.sweep.split(",") if x.strip()]
-        reports: list[dict[str, Any]] = closed_loop_sweep(config, levels)
-        result: dict[str, Any] = {"runs": reports}
-    else:
-        reports = [run(config)]
-        result = reports[0]
+    sweep = [int(x) for x in args.sweep.split(",") if x.strip()] if args.sweep else []
+    reports = closed_loop_sweep(config, sweep) if sweep else [run(config)]
+    result = {"runs": reports} if sweep else reports[0]
     for report in reports:
         _print_summary(report)
     if args.out:

@@ -8,7 +8,6 @@ The session is made with app.backend.runtime.create_runtime, so it has the serve
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +18,7 @@ import numpy as np
 
 from app.backend.runtime import CPU_BATCH_TOKENS, create_runtime
 from app.settings import available_cores
+from benchmarks.loadgen import percentiles
 from export.bundle import DEFAULT_QA, load_bundle_manifest
 from processing import classify as classify_proc
 from processing import embed as embed_proc
@@ -134,17 +134,6 @@ def pack(
     return batches
 
 
-def _summary_ms(times_s: list[float]) -> dict[str, float]:
-    ordered = sorted(times_s)
-    pick = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]  # noqa: E731
-    return {
-        "mean_ms": round(statistics.fmean(ordered) * 1e3, 3),
-        "p50_ms": round(pick(0.5) * 1e3, 3),
-        "p99_ms": round(pick(0.99) * 1e3, 3),
-        "runs": len(ordered),
-    }
-
-
 def _time_each(call: Callable[[Any], object], items: list[Any], seconds: float) -> dict[str, float]:
     """Each item through `call`, timed one at a time, round after round until `seconds` have passed."""
     call(items[0])  # warm-up
@@ -155,7 +144,7 @@ def _time_each(call: Callable[[Any], object], items: list[Any], seconds: float) 
             started = time.perf_counter()
             call(item)
             times.append(time.perf_counter() - started)
-    return _summary_ms(times)
+    return {f"{k}_ms": v for k, v in percentiles(times).items()} | {"runs": len(times)}
 
 
 def single_request_reference(
@@ -163,13 +152,6 @@ def single_request_reference(
 ) -> dict[str, Any]:
     """Per request, its sequences as the service batches them alone (concurrency 1): ORT time only."""
     return _time_each(model.run, [model.encodings(p) for p in payloads], seconds)
-
-
-def tokenize_reference(model: BundleModel, payloads: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-    """Per request, the service's pre-processing alone: the request body to the sequences the model
-    reads (tokenizing, windows), on this thread. What any server that tokenizes pays on top of
-    the model, wherever it runs it."""
-    return _time_each(model.encodings, payloads, seconds)
 
 
 def batched_reference(

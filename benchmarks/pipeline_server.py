@@ -1,6 +1,7 @@
-"""The baseline a user would write instead of our service: FastAPI over `transformers`.
+"""The floors: what a user would write instead of our service, FastAPI over `transformers` or ORT.
 
     python -m benchmarks.pipeline_server --classify runs/sst2/best --qa runs/squad/best --port 8001
+    python -m benchmarks.pipeline_server --ort --classify .cache/bundles/sst2-minilm --port 8002
 
 One process, plain sync `def` endpoints (FastAPI runs them in its thread pool), default
 settings, no batching across requests: the usual "wrap the pipeline in FastAPI" server.
@@ -8,13 +9,18 @@ It loads the same checkpoint directories (Hugging Face layout) that our bundles 
 from and answers /classify and /qa with our request and response shapes, so
 benchmarks/loadgen.py drives both servers unchanged.
 
-- /classify: `pipeline("text-classification")`, truncated to `--classify-max-length` tokens
-  (service_bench passes the bundle's max_seq_len so both servers do the same model work).
+- /classify: `pipeline("text-classification")`, truncated to `--bundle`'s max_seq_len, so both
+  servers do the same model work (QA windows are cut as the bundle cuts them too).
 - /qa: transformers 5 removed `pipeline("question-answering")`; `HFQuestionAnswering` below does
   what that pipeline did and what the Hugging Face course teaches: the fast tokenizer's
   overflowing windows with offsets, one forward pass over the request's windows, n-best
   start/end logits per window, best span.
 Fields our service reports but a pipeline cannot know cheaply (`truncated`, `value`) are null.
+
+`--ort` (the plain ORT server): the same on bundles instead, a bundle variant's ONNX file
+(`--variant`, default the one our server picks, with its `disabled_optimizers`) in one shared
+InferenceSession, one `session.run` per request (a QA request's windows together), the fast
+tokenizer, HFQuestionAnswering's span search: only the forward pass differs from the baseline.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
+
+from app.backend.runtime import choose_variant
+from export.bundle import DEFAULT_QA, load_bundle_manifest, verify_bundle_files
+from export.int8_precision import exact_int8
 
 
 class PairIn(BaseModel):
@@ -69,8 +79,6 @@ class QASettings:
 
 def qa_settings_from_bundle(bundle: str | Path) -> QASettings:
     """The bundle's window sizes, so both sides of a comparison cut contexts alike."""
-    from export.bundle import DEFAULT_QA, load_bundle_manifest
-
     manifest = load_bundle_manifest(bundle)
     qa = {**DEFAULT_QA, **(manifest.qa_defaults or {})}
     return QASettings(manifest.max_seq_len, qa["doc_stride"], qa["max_query_len"], qa["max_answer_len"])
@@ -162,11 +170,7 @@ def make_qa_baseline(directory: str | Path, settings: QASettings | None = None) 
 
 
 def add_probes(app: FastAPI) -> None:
-    """/health, /ready and /models (app.state.info): the routes benchmarks/loadgen.py waits on."""
-
-    @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
+    """/ready and /models (app.state.info): the routes the benchmarks wait on and record."""
 
     @app.get("/ready")
     def ready() -> dict[str, str]:
@@ -227,7 +231,6 @@ def create_app(
     *,
     classify_max_length: int | None = None,
     qa_settings: QASettings | None = None,
-    threads: int | None = None,
 ) -> FastAPI:
     """Load the given checkpoints now (startup blocks until they are loaded) and serve them."""
     if not (classify or qa):
@@ -235,8 +238,6 @@ def create_app(
     import torch
 
     transformers = _quiet_transformers()
-    if threads:
-        torch.set_num_threads(threads)
     classifier = (
         transformers.pipeline("text-classification", model=str(classify), device=-1) if classify else None
     )
@@ -271,49 +272,121 @@ def create_app(
     return app
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--classify", help="text-classification checkpoint directory")
-    p.add_argument("--qa", help="question-answering checkpoint directory")
-    p.add_argument("--classify-max-length", type=int, help="truncate classify inputs here (tokens)")
-    p.add_argument("--qa-max-seq-len", type=int, default=QASettings.max_seq_len)
-    p.add_argument("--qa-doc-stride", type=int, default=QASettings.doc_stride)
-    p.add_argument("--qa-max-question-len", type=int, default=QASettings.max_question_len)
-    p.add_argument("--qa-max-answer-len", type=int, default=QASettings.max_answer_len)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8001)
-    args = p.parse_args(argv)
-    if not (args.classify or args.qa):
-        p.error("give at least one of --classify, --qa")
-    for flag in ("classify", "qa"):
-        value = getattr(args, flag)
-        if value and not (Path(value) / "config.json").is_file():
-            p.error(f"--{flag} {value}: no config.json there (expected a Hugging Face checkpoint directory)")
-    return args
+class OrtModel:
+    """A bundle variant's ONNX file in one InferenceSession, with the fast tokenizer beside it."""
+
+    def __init__(self, bundle: str | Path, variant: str | None, threads: int):
+        import onnxruntime as ort
+
+        transformers = _quiet_transformers()
+        self.manifest = load_bundle_manifest(bundle)
+        self.variant = variant or choose_variant("cpu", self.manifest.variants)
+        verify_bundle_files(bundle, self.manifest, self.variant)
+        info = self.manifest.variants[self.variant]
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads  # 0: ONNX Runtime's default, every core
+        # The same exact INT8 kernels as ours on a CPU without VNNI: the same computation, compared.
+        exact_int8(options)
+        extra = {"disabled_optimizers": info.disabled_optimizers} if info.disabled_optimizers else {}
+        path = str(Path(bundle) / info.file)
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"], **extra)
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(bundle))
+
+    def run(self, encoded) -> list[np.ndarray]:
+        return self.session.run(None, {name: np.asarray(encoded[name], np.int64) for name in self.inputs})
 
 
-def serve(app: FastAPI, what: str, host: str, port: int) -> int:
+class OrtQuestionAnswering(HFQuestionAnswering):
+    """HFQuestionAnswering's windows and span search, forward pass on ONNX Runtime."""
+
+    def __init__(self, model: OrtModel, bundle: str | Path):
+        self.kind = f"transformers fast-tokenizer windows + ONNX Runtime ({model.variant})"
+        self.settings = qa_settings_from_bundle(bundle)
+        self.tokenizer = model.tokenizer
+        self.model = model
+
+    def forward(self, encoded) -> tuple[np.ndarray, np.ndarray]:
+        start, end = self.model.run(encoded)
+        return start, end
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    exp = np.exp(logits - logits.max(-1, keepdims=True))
+    return exp / exp.sum(-1, keepdims=True)
+
+
+def create_ort_app(
+    classify: str | Path | None = None, qa: str | Path | None = None, *, variant: str | None, threads: int
+) -> FastAPI:
+    """The plain ONNX Runtime server on bundles: see the module's docstring."""
+    if not (classify or qa):
+        raise ValueError("give at least one bundle directory (classify or qa)")
+    classifier = OrtModel(classify, variant, threads) if classify else None
+    reader = OrtQuestionAnswering(OrtModel(qa, variant, threads), qa) if qa else None
+    app = FastAPI(title="plain ONNX Runtime server")
+    app.state.info = {
+        "classify": str(classify) if classify else None,
+        "qa": str(qa) if qa else None,
+        "variant": (classifier or (reader.model if reader else None)).variant,  # type: ignore[union-attr]
+        "intra_op_threads": threads,
+    }
+
+    add_probes(app)
+
+    def missing(task: str) -> HTTPException:
+        return HTTPException(404, {"error": "no_model", "message": f"no {task} bundle loaded"})
+
+    @app.post("/classify")
+    def classify_endpoint(request: ClassifyIn) -> dict[str, Any]:
+        if classifier is None:
+            raise missing("classify")
+        tokenizer, max_length = classifier.tokenizer, classifier.manifest.max_seq_len
+        rows = [
+            tokenizer(i.text, i.text_pair, truncation=True, max_length=max_length)
+            for i in classify_items(request)
+        ]
+        probabilities = softmax(classifier.run(tokenizer.pad(rows, return_tensors="np"))[0])
+        labels = classifier.manifest.labels or []
+        return classify_response(
+            request, [[(labels[k], row[k]) for k in np.argsort(row)[::-1]] for row in probabilities]
+        )
+
+    add_qa_route(app, reader, missing)
+
+    return app
+
+
+def serve(app: FastAPI, what: str, port: int) -> int:
     import uvicorn
 
-    print(f"{what} serving {app.state.info} on {host}:{port} (pid {os.getpid()})", flush=True)
-    uvicorn.run(app, host=host, port=port)  # uvicorn defaults, access log included
+    print(f"{what} serving {app.state.info} on 127.0.0.1:{port} (pid {os.getpid()})", flush=True)
+    uvicorn.run(app, host="127.0.0.1", port=port)  # uvicorn defaults, access log included
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    settings = QASettings(
-        args.qa_max_seq_len, args.qa_doc_stride, args.qa_max_question_len, args.qa_max_answer_len
-    )
-    app = create_app(
-        args.classify,
-        args.qa,
-        classify_max_length=args.classify_max_length,
-        qa_settings=settings,
-        threads=args.threads or None,
-    )
-    return serve(app, "pipeline baseline", args.host, args.port)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--classify", help="text-classification checkpoint directory (--ort: bundle)")
+    p.add_argument("--qa", help="question-answering checkpoint directory (--ort: bundle)")
+    p.add_argument("--bundle", help="cut inputs as this bundle does (max_seq_len, QA windows)")
+    p.add_argument("--ort", action="store_true", help="the plain ORT server on bundles")
+    p.add_argument("--variant", help="--ort: the bundle variant (default: the one our server picks)")
+    p.add_argument("--port", type=int, default=8001)
+    args = p.parse_args(argv)
+    if args.ort and (args.classify or args.qa):
+        app = create_ort_app(args.classify, args.qa, variant=args.variant, threads=0)
+        return serve(app, "plain ORT", args.port)
+    for flag in ("classify", "qa"):
+        value = getattr(args, flag)
+        if value and not (Path(value) / "config.json").is_file():
+            p.error(f"--{flag} {value}: no config.json there (expected a Hugging Face checkpoint directory)")
+    if not (args.classify or args.qa):
+        p.error("give at least one of --classify, --qa")
+    settings = qa_settings_from_bundle(args.bundle) if args.bundle else QASettings()
+    length = settings.max_seq_len if args.bundle else None
+    app = create_app(args.classify, args.qa, classify_max_length=length, qa_settings=settings)
+    return serve(app, "pipeline baseline", args.port)
 
 
 if __name__ == "__main__":

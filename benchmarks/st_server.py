@@ -26,12 +26,9 @@ class EmbedIn(BaseModel):
     normalize: bool = True
 
 
-def create_app(model_dir: str, threads: int | None = None) -> FastAPI:
-    import torch
+def create_app(model_dir: str) -> FastAPI:
     from sentence_transformers import SentenceTransformer
 
-    if threads:
-        torch.set_num_threads(threads)
     model = SentenceTransformer(str(resolve_base(model_dir)), device="cpu")
     app = FastAPI()
     app.state.info = {"models": [{"name": "sentence-transformers", "task": "embed", "status": "ready"}]}
@@ -47,19 +44,13 @@ def create_app(model_dir: str, threads: int | None = None) -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
         "--model", default="minilm", help="a sentence-transformers folder (minilm: the pip package's)"
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8003)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = parser.parse_args(argv)
-    return serve(
-        create_app(args.model, args.threads or None), "sentence-transformers baseline", args.host, args.port
-    )
+    p.add_argument("--port", type=int, default=8003)
+    args = p.parse_args(argv)
+    return serve(create_app(args.model), "sentence-transformers baseline", args.port)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from benchmarks.loadgen_payloads import make_payload, validate_response
-from benchmarks.ort_server import create_app
 from benchmarks.pipeline_server import HFQuestionAnswering, qa_settings_from_bundle
+from benchmarks.pipeline_server import create_ort_app as create_app
 
 
 async def post(app, path: str, body: dict) -> httpx.Response:

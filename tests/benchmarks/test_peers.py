@@ -1,4 +1,4 @@
-"""benchmarks/peers.py's parts that need no peer installed: the protocols, the comparison, the report."""
+"""service_bench's peers, the parts that need none installed: protocols, answers, report, environments."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import httpx
 import pytest
 
-from benchmarks import loadgen, peer_envs, peers, peers_report
+from benchmarks import loadgen, peer_envs, service_bench, service_report
 from benchmarks.loadgen_payloads import from_wire, make_payload, to_wire, validate_response
 
 
@@ -63,46 +63,59 @@ def test_wire_forms_keep_order_and_schema():
 
 
 def test_compare_flags_disagreement():
-    same = peers.compare("embed", [[1.0, 0.0], [0.0, 1.0]], [[2.0, 0.01], [0.0, 3.0]])
+    same = service_bench.compare("embed", [[1.0, 0.0], [0.0, 1.0]], [[2.0, 0.01], [0.0, 3.0]])
     assert same["agrees"] and same["cosine_min"] > 0.99
-    assert not peers.compare("embed", [[1.0, 0.0]], [[0.0, 1.0]])["agrees"]
-    labels = peers.compare(
+    assert not service_bench.compare("embed", [[1.0, 0.0]], [[0.0, 1.0]])["agrees"]
+    labels = service_bench.compare(
         "classify", [("positive", 0.9), ("negative", 0.8)], [("positive", 0.88), ("positive", 0.6)]
     )
     assert labels["labels_agree"] == 0.5 and not labels["agrees"]
-    assert peers.compare("classify", [("positive", 0.9)], [("positive", 0.86)])["agrees"]
+    assert service_bench.compare("classify", [("positive", 0.9)], [("positive", 0.86)])["agrees"]
 
 
-def level(rps: float) -> dict:
-    return {"rps": rps, "p50_ms": 1000 / rps, "ok": 10, "errors": 0, "server_cpu_ms_per_request": 2.0}
+def test_report_shows_ratios_to_the_fastest_real_peer_and_who_could_not_run(tmp_path):
+    def server(*rates: float) -> dict:
+        levels = [
+            {
+                "workload": w,
+                "concurrency": c,
+                "throughput_rps": r,
+                "throughput_rps_by_round": [r, r + 10],
+                "latency_ms": {"p50": 1000 / r, "p99": 2000 / r},
+                "errors": 0,
+                "cpu_ms_per_request": {"main_thread": 1.0, "other_threads": 2.0, "load_generator": 0.1},
+            }
+            for (w, c), r in zip([("embed", 1), ("embed", 32), ("embed-32", 4)], rates, strict=True)
+        ]
+        return {"levels": levels, "answers": {"cosine_min": 0.999, "agrees": True}}
 
-
-def test_report_takes_medians_and_ratios_to_the_fastest_real_peer(tmp_path):
-    rounds = lambda *rates: [{"command": "x", "levels": [level(r)] * 3} for r in rates]  # noqa: E731
-    tasks = {
-        "embed": {
-            "ours": peers.summarize(rounds(300, 100, 200), "embed"),
-            "fastembed": peers.summarize(rounds(100, 150, 50), "embed"),
-            "st": peers.summarize(rounds(900, 900, 900), "embed"),  # a floor: never "the fastest peer"
-            "infinity-optimum": {"error": "ImportError: no optimum.onnxruntime"},
-        }
+    entry = {
+        "bundle": "b",
+        "servers": {
+            "ours": server(200, 300, 30),
+            "fastembed": server(100, 150, 20),
+            "st": server(900, 900, 900),  # a floor: never "the fastest peer"
+            "infinity-optimum": {"error": "ImportError: no optimum.onnxruntime\nmore"},
+        },
     }
-    assert tasks["embed"]["ours"]["levels"][0]["rps"] == 200
-    assert tasks["embed"]["ours"]["levels"][0]["rps_range"] == [100, 300]
+    entry["targets"] = service_report.targets(entry)
+    assert service_report.fastest_peer(entry, "embed c=1") == ("fastembed", 100)
+    assert entry["targets"]["embed c=32 vs fastest peer"]["passed"]  # 2.0 >= 1.5
+    assert entry["targets"]["embed-32 c=4 vs fastest peer"]["ratio"] == 1.5
     report = {
-        "command": "python -m benchmarks.peers",
+        "created_at": "now",
         "machine": {"cpu": "test"},
-        "load_average_at_end": [1.0],
-        "settings": {"rounds": 3, "duration": 1},
-        "servers": {name: peers.SERVERS[name][3] for name in tasks["embed"]},
+        "settings": {"command": "python -m benchmarks.service_bench", "duration": 1, "warmup": 0, "rounds": 2}
+        | {"variant": "int8-rowwise"},
+        "servers": {name: "x" for name in entry["servers"]},
         "versions": {},
-        "tasks": tasks,
+        "endpoints": {"embed": entry},
     }
-    assert peers_report.fastest_peer(report, "embed", 0) == 100
-    text = peers_report.markdown(report)
-    assert "| ours | 2.00 | 2.00 | 2.00 |" in text and "| fastembed | 1.00 |" in text
-    assert "**infinity-optimum** (embed): ImportError" in text
-    peers_report.plot(report, tmp_path / "peers.png")
+    text = service_report.markdown(report)
+    assert "| ours | embed c=1 | 200.0 (200.0–210.0) | 2.00 |" in text
+    assert "| fastembed | embed-32 c=4 | 20.0 (20.0–30.0) | 1.00 |" in text
+    assert "**infinity-optimum** (/embed): ImportError: no optimum.onnxruntime … more" in text
+    service_report.plot(report, tmp_path / "peers.png")
     assert (tmp_path / "peers.png").stat().st_size > 0
 
 

@@ -97,6 +97,9 @@ class BundleManifest:
     pooling: dict[str, Any] | None = None
     # Rules training used that serving repeats: word_split (NER), window_overlap.
     preprocessing: dict[str, Any] = field(default_factory=dict)
+    # A classify model trained to score (query, passage) pairs: the default for /rerank, never the
+    # default for /classify (app.models.registry); recorded at training or export time.
+    reranker: bool = False
     verification: dict[str, Any] = field(default_factory=dict)
     optimization: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] = field(default_factory=dict)

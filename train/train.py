@@ -379,6 +379,8 @@ def model_extra(args, task: Task) -> dict:
         )
     if args.task == "classify":
         extra["long_text"] = args.long_text
+        if args.format == "squad-sentences":  # question-sentence relevance: a reranker (export reads it)
+            extra["reranker"] = True
     return extra
 
 

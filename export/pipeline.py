@@ -30,8 +30,8 @@ from .bundle import (
 from .checkpoint_fields import (
     copy_tokenizer,
     do_lower_case,
-    labels_and_problem,
     is_reranker,
+    labels_and_problem,
     preprocessing_rules,
     qa_defaults_for,
     tool_versions,

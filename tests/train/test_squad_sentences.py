@@ -132,3 +132,15 @@ def test_negatives_are_sampled_per_question_in_training_only(tmp_path):
     train, valid = split_examples(options)
     assert {p.label for p in train} == {"relevant"}
     assert "not_relevant" in {p.label for p in valid}
+
+
+def test_training_on_sentence_pairs_records_a_reranker():
+    """config.json's `reranker` (export copies it into bundle.json, where serving reads it)."""
+    from types import SimpleNamespace
+
+    from train.train import model_extra
+
+    task = SimpleNamespace(options=SimpleNamespace(window_overlap=31))
+    pairs = SimpleNamespace(task="classify", max_seq_len=128, long_text="truncate", format="squad-sentences")
+    assert model_extra(pairs, task)["reranker"] is True
+    assert "reranker" not in model_extra(SimpleNamespace(**{**vars(pairs), "format": "tsv"}), task)

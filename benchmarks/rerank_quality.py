@@ -105,6 +105,30 @@ def live_scores(url: str, args, questions: list[RankingQuestion]) -> dict[str, l
     return {"reranker": reranker, "bi-encoder": encoder}
 
 
+def paired(a: list[list[float]], b: list[list[float]], relevant: list[int]) -> dict:
+    """Question by question, where method a's top-1 (expected, under ties) beats b's and where it
+    loses, with a two-sided sign test over the questions that differ."""
+    diffs = [
+        ranking_scores([(x, r)])["p@1"] - ranking_scores([(y, r)])["p@1"]
+        for x, y, r in zip(a, b, relevant, strict=True)
+    ]
+    wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    n, k = wins + losses, min(wins, losses)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    return {"wins": wins, "losses": losses, "same": len(diffs) - n, "sign_test_p": p}
+
+
+# The record behind the reranker default (benchmarks/finetune.py, recipe "rerank"): this selection
+# was made after seeing held-out numbers, which a reader of the table must know.
+HISTORY = (
+    "This is the reranker's second training run. The first (100 steps, a time budget on a shared "
+    "CPU) scored P@1 0.8550 / MRR 0.9132 on these questions and lost to BM25; the recipe was then "
+    "changed to one full epoch (267 steps). That change was a selection made after seeing held-out "
+    "numbers, so these questions are no longer untouched, and the margin over BM25 is small: see "
+    "the paired count above."
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -136,6 +160,7 @@ def main() -> None:
     results = {name: ranking_scores(zip(s, relevant, strict=True)) for name, s in scores.items()}
     best = {m: max(results[b][m] for b in ("bi-encoder", "bm25")) for m in ("p@1", "mrr")}
     beats = all(results["reranker"][m] > best[m] for m in best)
+    versus = {b: paired(scores["reranker"], scores[b], relevant) for b in ("bm25", "bi-encoder")}
     articles = sorted({q.group for q in questions})
     report = {
         "command": shlex.join(["python", "-m", "benchmarks.rerank_quality", *sys.argv[1:]]),
@@ -151,8 +176,8 @@ def main() -> None:
         },
         "results": results,
         "reranker_beats_both_baselines": beats,
+        "paired_top1": versus,
     }
-    route = "/rerank" if args.route == "rerank" else "/classify with text_pair (the scores /rerank returns)"
     route = "/rerank" if args.route == "rerank" else "/classify with text_pair (the scores /rerank returns)"
     how = {
         "reranker": (f"reranker `{args.reranker}`", route),
@@ -169,6 +194,14 @@ def main() -> None:
         *(f"| {a} | {b} | {results[n]['p@1']:.4f} | {results[n]['mrr']:.4f} |" for n, (a, b) in how.items()),
         f"\nThe reranker {'beats' if beats else 'does not beat'} both baselines on both metrics. Ties "
         "count as a random order (expected P@1 and reciprocal rank).",
+        "\nPaired, question by question (top-1, expected under ties): "
+        + "; ".join(
+            f"against {b}, the reranker is better on {v['wins']}, worse on {v['losses']} and the same on "
+            f"{v['same']} (sign test p = {v['sign_test_p']:.3g})"
+            for b, v in versus.items()
+        )
+        + ".",
+        *([f"\n{HISTORY}"] if args.reranker == "rerank-minilm" else []),
     ]
     common.write_results(args.out.parent, args.out.stem, report, "\n".join(lines), None)
     print("\n".join(lines))

@@ -56,6 +56,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default: config max_position_embeddings)",
     )
     parser.add_argument("--name", default=None, help="bundle name in bundle.json (default: checkpoint dir)")
+    parser.add_argument(
+        "--reranker",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="mark a classify model as a (query, passage) scorer: the default for /rerank, not for "
+        "/classify (default: what training recorded in config.json)",
+    )
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset, >= 17 (default: 17)")
     qa = parser.add_argument_group("question answering defaults (qa checkpoints only)")
     qa.add_argument(
@@ -151,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             pooling=args.pooling,
             normalize=args.normalize,
             name=args.name,
+            reranker=args.reranker,
             opset=args.opset,
             overwrite=args.overwrite,
             log=log,

@@ -76,6 +76,15 @@ def preprocessing_rules(config, task: str) -> dict[str, Any]:
     return recorded
 
 
+def is_reranker(config, task: str, override: bool | None) -> bool:
+    """The model's role: `override` (export's --reranker, a defaults.json entry), else what training
+    recorded in config.json (`reranker`, set for classify on squad-sentences pairs)."""
+    marked = bool(config.extra.get("reranker", False)) if override is None else override
+    if marked and task != "classify":
+        raise ExportError(f"only a classify model can be a reranker; this checkpoint is {task}")
+    return marked
+
+
 def qa_defaults_for(overrides: dict[str, int] | None, max_seq_len: int) -> dict[str, int]:
     """SQuAD-style defaults, shrunk to fit short windows unless the caller set them."""
     overrides = dict(overrides or {})

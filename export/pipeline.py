@@ -30,6 +30,7 @@ from .bundle import (
 from .checkpoint_fields import (
     copy_tokenizer,
     do_lower_case,
+    is_reranker,
     labels_and_problem,
     preprocessing_rules,
     qa_defaults_for,
@@ -101,6 +102,7 @@ def export_bundle(
     pooling: str | None = None,
     normalize: bool | None = None,
     name: str | None = None,
+    reranker: bool | None = None,
     opset: int = DEFAULT_OPSET,
     overwrite: bool = False,
     log: Callable[[str], None] = lambda message: None,
@@ -200,6 +202,7 @@ def export_bundle(
             qa_defaults=qa,
             pooling=encoder.manifest(config.hidden_size) if encoder else None,
             preprocessing=preprocessing_rules(config, task),
+            reranker=is_reranker(config, task, reranker),
             verification=run.verification,
             optimization=run.optimization,
             quantization=run.quantization,

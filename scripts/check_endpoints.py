@@ -14,6 +14,12 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+RERANK_TEXTS = [
+    "It was designed by the company of Gustave Eiffel.",
+    "The Eiffel Tower is a wrought-iron lattice tower in Paris, France.",
+    "A woman is slicing an onion.",
+]
+
 CHECKS: list[tuple[str, dict[str, Any], Callable[[Any], bool]]] = [
     (
         "classify",
@@ -69,6 +75,16 @@ CHECKS: list[tuple[str, dict[str, Any], Callable[[Any], bool]]] = [
             }
         },
         lambda r: r[0] > r[1],
+    ),
+    (
+        "rerank",
+        {"query": "Where is the Eiffel Tower?", "texts": RERANK_TEXTS},
+        lambda r: [x["index"] for x in r][0] == 1 and r[0]["score"] > 0.5 > r[-1]["score"],
+    ),
+    (
+        "v1/rerank",
+        {"query": "Where is the Eiffel Tower?", "documents": RERANK_TEXTS, "top_n": 1},
+        lambda r: [x["index"] for x in r["results"]] == [1] and r["model"] == "rerank-minilm",
     ),
 ]
 

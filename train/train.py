@@ -34,7 +34,7 @@ from processing.words import WORD_SPLITS, split_words
 
 from .examples import DataError
 from .features import DEFAULT_METRIC, TASK_FEATURES, FeatureOptions, Task, check_metric
-from .readers import FORMATS
+from .readers import FORMATS, detect_format
 from .schedules import SCHEDULES
 from .splits import HOLDOUTS, DataOptions, read_file, split_examples, subsample
 from .trainer import TrainConfig, Trainer
@@ -379,6 +379,9 @@ def model_extra(args, task: Task) -> dict:
         )
     if args.task == "classify":
         extra["long_text"] = args.long_text
+        fmt = detect_format("classify", args.train) if args.format == "auto" else args.format
+        if fmt == "squad-sentences":  # question-sentence relevance: a reranker (export reads it)
+            extra["reranker"] = True
     return extra
 
 

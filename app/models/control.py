@@ -127,6 +127,7 @@ class ModelControl:
                 raise kind(message, serving=None) from e
         old, model.current = model.current, bundle  # the swap: new requests lease the new version
         model.task, model.status, model.error = bundle.task, "ready", None
+        model.reranker = bundle.manifest.reranker
         model.event(bundle, "serving")
         self.metrics.model_ready.labels(task=bundle.task, model=model.name).set(1)
         self.metrics.model_memory.labels(model=model.name).set(bundle.memory_bytes or 0)

@@ -74,6 +74,7 @@ class Model:
     status: str = "pending"  # pending | loading | ready | failed | unloading | unloaded
     error: str | None = None  # why no version serves (failed / unloaded)
     current: Bundle | None = None
+    reranker: bool = False  # its manifest's role, known from discovery on (see Registry.default_name)
     history: list[VersionEvent] = field(default_factory=list)
     seen: tuple = ()  # the repository fingerprint of the last load attempt (for the poller)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
@@ -131,7 +132,8 @@ class Registry:
             model = self.models[name] = Model(name)
             for version in versions:  # the task of the newest readable manifest
                 try:
-                    model.task = load_bundle_manifest(version.path).task
+                    manifest = load_bundle_manifest(version.path)
+                    model.task, model.reranker = manifest.task, manifest.reranker
                     break
                 except BundleError as e:
                     model.status, model.error = "failed", f"unreadable manifest: {e}"
@@ -231,10 +233,13 @@ class Registry:
         ]
 
     def default_name(self, task: str) -> str | None:
-        """DEFAULT_BUNDLES' choice for the task, else its only model."""
+        """DEFAULT_BUNDLES' choice for the task, else its only model; for classify, its only model not
+        marked a reranker (a reranker is /rerank's default, and reachable on /classify by name)."""
         if task in self.default_names:
             return self.default_names[task]
         names = self.names(task)
+        if task == "classify":
+            names = [n for n in names if not self.models[n].reranker] or names
         return names[0] if len(names) == 1 else None
 
     def resolve(self, task: str | None, name: str | None) -> Model:
@@ -263,13 +268,21 @@ class Registry:
 
     def reranker(self, name: str | None) -> str:
         """The model reranking requests use: the one named; else DEFAULT_BUNDLES' rerank=; else the
-        classify default if its bundle reads text pairs (it records `text_pair`), else the only
-        classify model that does."""
+        only classify model marked a reranker; else the classify default if its bundle reads text
+        pairs (it records `text_pair`), else the only classify model that does."""
         if name is not None:
             return name
         if "rerank" in self.default_names:
             return self.default_names["rerank"]
         names = self.names("classify")
+        rerankers = [n for n in names if self.models[n].reranker]
+        if len(rerankers) == 1:
+            return rerankers[0]
+        if len(rerankers) > 1:
+            raise ModelRequired(
+                f"{len(rerankers)} models are rerankers ({', '.join(rerankers)}) and none is the default: "
+                "name one in the 'model' field, or set DEFAULT_BUNDLES=rerank=<name>"
+            )
         readers = [
             n for n in names if (b := self.models[n].current) and b.manifest.preprocessing.get("text_pair")
         ]

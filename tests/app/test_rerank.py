@@ -22,16 +22,22 @@ LONG = "the cat sat on the mat and " * 20  # 140 tokens of the tiny vocabulary, 
 
 
 def add_model(
-    root: Path, source: Path, name: str, labels: list[str] | None = None, pairs: bool = False
+    root: Path,
+    source: Path,
+    name: str,
+    labels: list[str] | None = None,
+    pairs: bool = False,
+    reranker: bool = False,
 ) -> None:
-    """A copy of a tiny bundle, relabelled and marked as reading text pairs (bundle.json lists no
-    hash of itself)."""
+    """A copy of a tiny bundle, relabelled, marked as reading text pairs or as a reranker
+    (bundle.json lists no hash of itself)."""
     shutil.copytree(source, root / name)
     manifest = load_bundle_manifest(root / name)
     if labels:
         manifest.labels = labels
     if pairs:
         manifest.preprocessing["text_pair"] = True
+    manifest.reranker = reranker
     write_manifest(root / name, manifest)
 
 
@@ -240,3 +246,63 @@ def test_a_checkpoint_s_text_pair_key_reaches_the_bundle():
 
     config = SimpleNamespace(extra={"text_pair": True, "window_overlap": 15, "architectures": ["x"]})
     assert preprocessing_rules(config, "classify") == {"text_pair": True, "window_overlap": 15}
+
+
+RANKER_LABELS = ["not_relevant", "relevant"]
+
+
+async def defaults_served(client) -> tuple[str, str, str]:
+    """Which models /classify, /rerank and /v1/rerank use when the request names none."""
+    classify = await post(client, "/classify", {"inputs": [{"text": QUERY}]})
+    tei = await post(client, "/rerank", {"query": QUERY, "texts": TEXTS})
+    infinity = await post(client, "/v1/rerank", {"query": QUERY, "documents": TEXTS})
+    return classify.headers["x-model"], tei.headers["x-model"], infinity.json()["model"]
+
+
+async def test_a_bundle_marked_reranker_is_rerank_s_default_and_not_classify_s(app_bundles, tmp_path):
+    """`make serve` on the defaults: sst2 answers /classify and the reranker /rerank, with no
+    DEFAULT_BUNDLES; the reranker still classifies by name, and DEFAULT_BUNDLES always wins."""
+    add_model(tmp_path, app_bundles["classify"], "sst2")
+    add_model(tmp_path, app_bundles["classify"], "ranker", RANKER_LABELS, reranker=True)
+    add_model(tmp_path, app_bundles["embed"], "embedder")
+    async with serving(tmp_path) as (_, client):
+        assert await defaults_served(client) == ("sst2", "ranker", "ranker")
+        named = await post(client, "/classify", {"model": "ranker", "inputs": [{"text": QUERY}]})
+        assert named.headers["x-model"] == "ranker"
+    async with serving(tmp_path, default_bundles="classify=ranker,rerank=sst2") as (_, client):
+        assert await defaults_served(client) == ("ranker", "sst2", "sst2")
+
+
+async def test_two_rerankers_leave_rerank_without_a_default(app_bundles, tmp_path):
+    add_model(tmp_path, app_bundles["classify"], "sst2")
+    add_model(tmp_path, app_bundles["classify"], "ranker", RANKER_LABELS, pairs=True, reranker=True)
+    add_model(tmp_path, app_bundles["classify"], "ranker2", RANKER_LABELS, pairs=True, reranker=True)
+    async with serving(tmp_path) as (_, client):
+        classify = await post(client, "/classify", {"inputs": [{"text": QUERY}]})
+        refused = (await post(client, "/rerank", {"query": QUERY, "texts": TEXTS}, 422)).json()
+        chosen = await post(client, "/rerank", {"query": QUERY, "texts": TEXTS, "model": "ranker2"})
+    assert classify.headers["x-model"] == "sst2"
+    assert refused["error"] == "model_required" and "ranker, ranker2" in refused["message"]
+    assert chosen.headers["x-model"] == "ranker2"
+
+
+async def test_a_lone_reranker_is_also_classify_s_default(app_bundles, tmp_path):
+    add_model(tmp_path, app_bundles["classify"], "ranker", RANKER_LABELS, reranker=True)
+    async with serving(tmp_path) as (_, client):
+        assert await defaults_served(client) == ("ranker", "ranker", "ranker")
+
+
+def test_the_reranker_role_comes_from_training_or_the_export_option():
+    """Training on squad-sentences pairs records `reranker` in config.json; export copies it into
+    the manifest unless told otherwise (--reranker / --no-reranker, a defaults.json entry)."""
+    from types import SimpleNamespace
+
+    from export.checkpoint_fields import is_reranker
+    from export.onnx_export import ExportError
+
+    trained = SimpleNamespace(extra={"reranker": True})
+    plain = SimpleNamespace(extra={})
+    assert is_reranker(trained, "classify", None) and not is_reranker(plain, "classify", None)
+    assert is_reranker(plain, "classify", True) and not is_reranker(trained, "classify", False)
+    with pytest.raises(ExportError, match="only a classify model"):
+        is_reranker(plain, "ner", True)

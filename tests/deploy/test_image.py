@@ -136,9 +136,13 @@ def container(image: str) -> Iterator[Container]:
 def served_paths(container: Container) -> set[str]:
     with urllib.request.urlopen(urllib.request.Request(f"{container.url}/models", headers=AUTH)) as response:
         models = json.loads(response.read())
-    tasks = {m["task"] for m in (models["models"] if isinstance(models, dict) else models)}
+    listed = models["models"] if isinstance(models, dict) else models
+    tasks = {m["task"] for m in listed}
     paths = {"classify": {"classify"}, "ner": {"ner"}, "qa": {"qa"}, "multiple-choice": {"multiple-choice"}}
     paths["embed"] = {"embed", "v1/embeddings", "similarity"}
+    if any(m["name"] == "rerank-minilm" for m in listed):  # the default reranker (a classify model)
+        paths["rerank"] = {"rerank", "v1/rerank"}
+        tasks.add("rerank")
     return set().union(*(paths.get(task, set()) for task in tasks))
 
 

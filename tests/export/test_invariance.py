@@ -222,10 +222,11 @@ DEFAULT_BUNDLES = Path(__file__).resolve().parents[2] / ".cache" / "bundles"
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", ["sst2-minilm", "conll03-minilm", "codah-minilm", "squad-minilm", "all-minilm-l6-v2"]
+    "name",
+    ["sst2-minilm", "conll03-minilm", "codah-minilm", "squad-minilm", "all-minilm-l6-v2", "rerank-minilm"],
 )
 def test_the_real_default_bundles_are_batch_invariant(name):
-    """The five defaults as `make serve` builds them (skipped before they are built)."""
+    """The six defaults as `make serve` builds them (skipped before they are built)."""
     bundle = DEFAULT_BUNDLES / name
     if not (bundle / "bundle.json").exists():
         pytest.skip(f"{bundle} is not built (python -m export.defaults --out .cache/bundles)")

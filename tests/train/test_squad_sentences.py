@@ -132,3 +132,20 @@ def test_negatives_are_sampled_per_question_in_training_only(tmp_path):
     train, valid = split_examples(options)
     assert {p.label for p in train} == {"relevant"}
     assert "not_relevant" in {p.label for p in valid}
+
+
+def test_training_on_sentence_pairs_records_a_reranker(tmp_path):
+    """config.json's `reranker` (export copies it into bundle.json, where serving reads it), for
+    the format named or detected."""
+    from types import SimpleNamespace
+
+    from train.train import model_extra
+
+    squad = squad_file(tmp_path)
+    tsv = tmp_path / "sst.tsv"
+    tsv.write_text("sentence\tlabel\ngood\t1\n")
+    task = SimpleNamespace(options=SimpleNamespace(window_overlap=31))
+    run = SimpleNamespace(task="classify", max_seq_len=128, long_text="truncate", format="auto", train=squad)
+    assert model_extra(run, task)["reranker"] is True
+    assert model_extra(SimpleNamespace(**{**vars(run), "format": "squad-sentences"}), task)["reranker"]
+    assert "reranker" not in model_extra(SimpleNamespace(**{**vars(run), "train": tsv}), task)

@@ -81,9 +81,9 @@ class Timings:
 
     def observe(self, metrics: Metrics, task: str, model: str) -> None:
         for stage, seconds in self.stages.items():
-            metrics.stage.labels(stage=stage, task=task, model=model).observe(seconds)
+            metrics.child(metrics.stage, stage, task, model).observe(seconds)
         if self.tokens:
-            metrics.request_tokens.labels(task=task, model=model).observe(self.tokens)
+            metrics.child(metrics.request_tokens, task, model).observe(self.tokens)
 
 
 async def gather_all(futures: Sequence[asyncio.Future]) -> list[ItemResult]:

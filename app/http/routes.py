@@ -152,12 +152,15 @@ async def run_leased(
             return Response(status_code=CLIENT_CLOSED)
         result = work_task.result()
     timings.observe(state.metrics, bundle.task, bundle.name)
-    response.headers["Server-Timing"] = timings.header()
-    if task is not None:  # inference (not /tokenize): text-embeddings-inference's timing headers too
-        response.headers.update(timings.tei_headers())
-    response.headers["X-Model"] = bundle.name
-    response.headers["X-Model-Version"] = bundle.version
-    response.headers.update(getattr(result, "_headers", None) or {})  # e.g. what happened to long inputs
+    # Inference (not /tokenize) gets text-embeddings-inference's timing headers too. Raw pairs, one
+    # extend: setting them one by one through response.headers scans the list for each.
+    raw = timings.raw_headers(tei=task is not None)
+    raw.append((b"x-model", bundle.name.encode("latin-1")))
+    raw.append((b"x-model-version", bundle.version.encode("latin-1")))
+    extra = getattr(result, "_headers", None)  # e.g. what happened to long inputs
+    if extra:
+        raw += [(key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in extra.items()]
+    response.raw_headers.extend(raw)
     return result
 
 

@@ -27,7 +27,7 @@ from app.core.task_service import TEI_HEADERS
 from app.http.admin import router as admin_router
 from app.http.errors import install_error_handlers
 from app.http.middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
-from app.http.routes import router
+from app.http.routes import AUTH, open_router, router
 from app.http.v2_routes import router as v2_router
 from app.models.control import ModelControl
 from app.models.registry import Registry
@@ -140,7 +140,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.service_state = state
     install_error_handlers(app)
-    app.include_router(router)
+    app.include_router(router, dependencies=AUTH if settings.api_key is not None else None)
+    app.include_router(open_router)
     app.include_router(v2_router)
     app.include_router(admin_router)
     # Added innermost first: the request-context middleware wraps everything, CORS headers

@@ -45,6 +45,8 @@ TEI_HEADERS = (
     "x-inference-time",
 )
 
+_TEI_RAW = tuple(name.encode() for name in TEI_HEADERS)
+
 
 class Timings:
     """One request through the core: its schedule (deadline, priority; None = no deadline, normal)
@@ -68,22 +70,24 @@ class Timings:
         finally:
             self.add(stage, time.perf_counter() - started)
 
-    def header(self) -> str:
-        return ", ".join(f"{stage};dur={seconds * 1000:.2f}" for stage, seconds in self.stages.items())
-
-    def tei_headers(self) -> dict[str, str]:
-        """text-embeddings-inference's timing headers: whole milliseconds (truncated, as TEI's are);
-        compute and total time run from when the route began serving the parsed request."""
-        total = int((time.perf_counter() - self.started) * 1000)
-        ms = [int(self.stages.get(stage, 0.0) * 1000) for stage in ("tokenize", "queue", "inference")]
-        values = [total, self.chars, self.tokens, total, *ms]
-        return dict(zip(TEI_HEADERS, map(str, values), strict=True))
+    def raw_headers(self, tei: bool) -> list[tuple[bytes, bytes]]:
+        """Server-Timing and, with `tei`, text-embeddings-inference's timing headers, as raw ASGI
+        header pairs (appended to the response at once). TEI's are whole milliseconds (truncated, as
+        TEI's are); compute and total time run from when the route began serving the parsed request."""
+        timing = ", ".join(f"{stage};dur={seconds * 1000:.2f}" for stage, seconds in self.stages.items())
+        raw = [(b"server-timing", timing.encode("latin-1"))]
+        if tei:
+            total = int((time.perf_counter() - self.started) * 1000)
+            ms = [int(self.stages.get(stage, 0.0) * 1000) for stage in ("tokenize", "queue", "inference")]
+            values = (total, self.chars, self.tokens, total, *ms)
+            raw += [(name, str(value).encode()) for name, value in zip(_TEI_RAW, values, strict=True)]
+        return raw
 
     def observe(self, metrics: Metrics, task: str, model: str) -> None:
         for stage, seconds in self.stages.items():
-            metrics.stage.labels(stage=stage, task=task, model=model).observe(seconds)
+            metrics.child(metrics.stage, stage, task, model).observe(seconds)
         if self.tokens:
-            metrics.request_tokens.labels(task=task, model=model).observe(self.tokens)
+            metrics.child(metrics.request_tokens, task, model).observe(self.tokens)
 
 
 async def gather_all(futures: Sequence[asyncio.Future]) -> list[ItemResult]:

@@ -150,8 +150,8 @@ class RequestContextMiddleware:
             self.in_flight.leave()
             status = str(state["status"])
             model = scope.get(MODEL_SCOPE_KEY, "")
-            self.metrics.requests.labels(endpoint=endpoint, status=status, model=model).inc()
-            self.metrics.latency.labels(endpoint=endpoint, model=model).observe(elapsed)
+            self.metrics.child(self.metrics.requests, endpoint, status, model).inc()
+            self.metrics.child(self.metrics.latency, endpoint, model).observe(elapsed)
             log.log(
                 logging.DEBUG if scope["path"] in QUIET_PATHS else logging.INFO,
                 "request",

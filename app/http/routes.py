@@ -70,7 +70,11 @@ from app.models.listing import list_models, openai_model_list
 from app.models.loader import Bundle
 from processing.tasks import TASKS
 
+# Every route of `router` needs the API key when one is set: main.py includes it with the AUTH
+# dependency then, and without it otherwise (a no-op dependency still costs each request ~20 us).
+# `open_router`: liveness, readiness and metrics, never behind the key.
 router = APIRouter()
+open_router = APIRouter()
 
 
 def state_of(request: Request) -> Any:
@@ -165,12 +169,15 @@ async def run_leased(
             return Response(status_code=CLIENT_CLOSED)
         result = work_task.result()
     timings.observe(state.metrics, bundle.task, bundle.name)
-    response.headers["Server-Timing"] = timings.header()
-    if task is not None:  # inference (not /tokenize): text-embeddings-inference's timing headers too
-        response.headers.update(timings.tei_headers())
-    response.headers["X-Model"] = bundle.name
-    response.headers["X-Model-Version"] = bundle.version
-    response.headers.update(getattr(result, "_headers", None) or {})  # e.g. what happened to long inputs
+    # Inference (not /tokenize) gets text-embeddings-inference's timing headers too. Raw pairs, one
+    # extend: setting them one by one through response.headers scans the list for each.
+    raw = timings.raw_headers(tei=task is not None)
+    raw.append((b"x-model", bundle.name.encode("latin-1")))
+    raw.append((b"x-model-version", bundle.version.encode("latin-1")))
+    extra = getattr(result, "_headers", None)  # e.g. what happened to long inputs
+    if extra:
+        raw += [(key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in extra.items()]
+    response.raw_headers.extend(raw)
     if cache is not None:
         entry = Entry(serialized(request, result), tuple((getattr(result, "_headers", None) or {}).items()))
         # Only a version still in service stores: a swapped-out one's entries are already dropped.
@@ -199,8 +206,10 @@ def serialized(request: Request, result: Any) -> bytes:
     return adapter(request.scope["route"].response_model).dump_json(result, by_alias=True)
 
 
-# The task routes. Path, schemas and summary are the task's registry declaration (processing/tasks.py).
 AUTH = [Depends(require_api_key)]
+
+
+# The task routes. Path, schemas and summary are the task's registry declaration (processing/tasks.py).
 
 
 @router.post(
@@ -208,7 +217,6 @@ AUTH = [Depends(require_api_key)]
     response_model=ClassifyResult | ClassifyBatchResponse,
     summary=TASKS["classify"].summary,
     responses=TASK_RESPONSES,
-    dependencies=AUTH,
 )
 async def classify(body: ClassifyRequest, request: Request, response: Response) -> Any:
     return await serve(request, response, ClassifyService, body)
@@ -219,7 +227,6 @@ async def classify(body: ClassifyRequest, request: Request, response: Response) 
     response_model=NERResponse,
     summary=TASKS["ner"].summary,
     responses=TASK_RESPONSES,
-    dependencies=AUTH,
 )
 async def ner(body: NERRequest, request: Request, response: Response) -> Any:
     return await serve(request, response, NERService, body)
@@ -230,15 +237,12 @@ async def ner(body: NERRequest, request: Request, response: Response) -> Any:
     response_model=ChoiceResponse,
     summary=TASKS["multiple-choice"].summary,
     responses=TASK_RESPONSES,
-    dependencies=AUTH,
 )
 async def multiple_choice(body: ChoiceRequest, request: Request, response: Response) -> Any:
     return await serve(request, response, ChoiceService, body)
 
 
-@router.post(
-    "/qa", response_model=QAResponse, summary=TASKS["qa"].summary, responses=TASK_RESPONSES, dependencies=AUTH
-)
+@router.post("/qa", response_model=QAResponse, summary=TASKS["qa"].summary, responses=TASK_RESPONSES)
 async def qa(body: QARequest, request: Request, response: Response) -> Any:
     return await serve(request, response, QAService, body)
 
@@ -248,7 +252,6 @@ async def qa(body: QARequest, request: Request, response: Response) -> Any:
     response_model=EmbedResponse,
     summary=TASKS["embed"].summary,
     responses=TASK_RESPONSES,
-    dependencies=AUTH,
 )
 async def embed(body: EmbedRequest, request: Request, response: Response) -> Any:
     return await serve(request, response, EmbedService, body)
@@ -258,7 +261,6 @@ async def embed(body: EmbedRequest, request: Request, response: Response) -> Any
     "/tokenize",
     response_model=list[list[TokenOut]],
     responses=TOKENIZE_RESPONSES,
-    dependencies=AUTH,
     summary="Tokens with ids and character offsets, from a model's tokenizer (TEI's /tokenize)",
 )
 async def tokenize(body: TokenizeRequest, request: Request, response: Response) -> Any:
@@ -283,7 +285,6 @@ def readiness(request: Request) -> tuple[bool, str, dict[str, str], dict[str, st
     "/v1/embeddings",
     response_model=OpenAIEmbeddingResponse,
     responses=TASK_RESPONSES,
-    dependencies=AUTH,
     summary="Sentence embeddings, OpenAI-compatible (float or base64, with token usage)",
 )
 async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request, response: Response) -> Any:
@@ -300,7 +301,6 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request, resp
     "/similarity",
     response_model=SimilarityResponse,
     responses=TASK_RESPONSES,
-    dependencies=AUTH,
     summary="Cosine similarity of a source sentence with each of a list (text-embeddings-inference's)",
 )
 async def similarity(body: SimilarityRequest, request: Request, response: Response) -> Any:
@@ -314,7 +314,6 @@ async def similarity(body: SimilarityRequest, request: Request, response: Respon
     response_model=RerankResponse,
     response_model_exclude_none=True,
     responses=TASK_RESPONSES,
-    dependencies=AUTH,
     summary="Texts ranked by relevance to a query, by a pair classifier (text-embeddings-inference's)",
 )
 async def rerank(body: RerankRequest, request: Request, response: Response) -> Any:
@@ -326,7 +325,6 @@ async def rerank(body: RerankRequest, request: Request, response: Response) -> A
     "/v1/rerank",
     response_model=InfinityRerankResponse,
     responses=TASK_RESPONSES,
-    dependencies=AUTH,
     summary="Documents ranked by relevance to a query (Infinity's and Cohere's shape, with top_n and usage)",
 )
 async def infinity_rerank(body: InfinityRerankRequest, request: Request, response: Response) -> Any:
@@ -338,19 +336,18 @@ async def infinity_rerank(body: InfinityRerankRequest, request: Request, respons
     "/predict",
     response_model=PredictResponse,
     responses=TASK_RESPONSES,
-    dependencies=AUTH,
     summary="Every label's score for a text, a pair or a batch (text-embeddings-inference's /predict)",
 )
 async def predict(body: PredictRequest, request: Request, response: Response) -> Any:
     return await serve(request, response, ClassifyService, body, rerank_service.predict)
 
 
-@router.get("/health", response_model=HealthResponse, summary="Liveness: the process answers")
+@open_router.get("/health", response_model=HealthResponse, summary="Liveness: the process answers")
 async def health() -> HealthResponse:
     return HealthResponse()
 
 
-@router.get(
+@open_router.get(
     "/ready",
     response_model=ReadyResponse,
     responses={NOT_READY: {"model": ReadyResponse}},
@@ -362,7 +359,7 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=200 if is_ready else NOT_READY)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@open_router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(request: Request) -> Response:
     registry = state_of(request).metrics
     return Response(registry.render(), media_type=registry.content_type)
@@ -371,7 +368,6 @@ async def metrics(request: Request) -> Response:
 @router.get(
     "/models",
     response_model=ModelsResponse,
-    dependencies=AUTH,
     responses=MODELS_RESPONSES,
     summary="Every model: task, labels, version, status, memory, variant, execution provider and limits",
 )
@@ -382,7 +378,6 @@ async def models(request: Request) -> ModelsResponse:
 @router.get(
     "/v1/models",
     response_model=OpenAIModelList,
-    dependencies=AUTH,
     responses=MODELS_RESPONSES,
     summary="The models serving now, as OpenAI's model list (for OpenAI clients)",
 )

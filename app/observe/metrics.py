@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -99,6 +101,17 @@ class Metrics:
             "bert_cache_evictions", "Cached answers evicted to fit RESPONSE_CACHE_MB", ["model"], registry=r
         )
         self.cache_bytes = Gauge("bert_cache_bytes", "Bytes the response cache holds", registry=r)
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)` (values in the metric's label order), cached: the per-request
+        counters and histograms skip prometheus_client's lock and label checks. Only for metrics
+        whose children are never removed (not the gauges forget_model drops)."""
+        try:
+            return self._children[metric, values]
+        except KeyError:
+            child = self._children[metric, values] = metric.labels(*values)
+            return child
 
     def observer(self, task: str, model: str) -> BatcherMetrics:
         return BatcherMetrics(self, task, model)

@@ -99,30 +99,21 @@ async def client(
         body = {"text": TEXTS[n % len(TEXTS)], "model": MODEL}
         n += 1
         t0 = time.perf_counter()
+        sample = {"t": round(t0 - started, 4), "ms": None, "status": 0, "version": None, "label": None}
         try:
             response = await pool.request(post_json("/classify", body), timeout_s=30)
-            label = response.json().get("label") if response.status == 200 else None
-            samples.append(
-                {
-                    "t": round(t0 - started, 4),
-                    "ms": round((time.perf_counter() - t0) * 1000, 2),
-                    "status": response.status,
-                    "version": response.headers.get("x-model-version"),
-                    "label": label,
-                    "error": None if response.status == 200 else response.body[:200].decode(errors="replace"),
-                }
-            )
         except (HTTPError, TimeoutError, OSError) as e:
-            samples.append(
-                {
-                    "t": round(t0 - started, 4),
-                    "ms": None,
-                    "status": 0,
-                    "version": None,
-                    "label": None,
-                    "error": repr(e),
-                }
-            )
+            samples.append({**sample, "error": repr(e)})
+            continue
+        ok = response.status == 200
+        samples.append({
+            **sample,
+            "ms": round((time.perf_counter() - t0) * 1000, 2),
+            "status": response.status,
+            "version": response.headers.get("x-model-version"),
+            "label": response.json().get("label") if ok else None,
+            "error": None if ok else response.body[:200].decode(errors="replace"),
+        })  # fmt: skip
 
 
 async def admin(pool: ConnectionPool, key: str, path: str) -> tuple[int, dict[str, Any], float]:
@@ -212,22 +203,17 @@ def latency_summary(
 ) -> dict[str, Any]:
     """p50/p99 of all answers, and of those sent within `window_s` after a swap was offered."""
 
-    def pct(values: list[float], q: float) -> float | None:
+    def summary(values: list[float]) -> dict[str, float | None]:
         values = sorted(values)
-        return round(values[min(len(values) - 1, int(q * len(values)))], 2) if values else None
+        pct = [
+            round(values[min(len(values) - 1, int(q * len(values)))], 2) if values else None
+            for q in (0.5, 0.99)
+        ]
+        return {"p50": pct[0], "p99": pct[1], "max": max(values, default=None)}
 
-    all_ms = [s["ms"] for s in samples if s["ms"] is not None]
-    near = [
-        s["ms"] for s in samples if s["ms"] is not None and any(0 <= s["t"] - t < window_s for t in around)
-    ]
-    return {
-        "all": {"p50": pct(all_ms, 0.5), "p99": pct(all_ms, 0.99), "max": max(all_ms, default=None)},
-        f"within_{window_s:g}s_of_an_offer": {
-            "p50": pct(near, 0.5),
-            "p99": pct(near, 0.99),
-            "max": max(near, default=None),
-        },
-    }
+    timed = [s for s in samples if s["ms"] is not None]
+    near = [s["ms"] for s in timed if any(0 <= s["t"] - t < window_s for t in around)]
+    return {"all": summary([s["ms"] for s in timed]), f"within_{window_s:g}s_of_an_offer": summary(near)}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -372,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     with running as pid:
         run = asyncio.run(drive(args, int(url.rsplit(":", 1)[1]), key, models_dir, pid))
     verdict = judge(run["samples"], run["served_versions"], run["events"])
-    command_line = "python -m benchmarks.model_swap" + " ".join(
-        [""] + [a for a in (argv if argv is not None else sys.argv[1:])]
+    command_line = " ".join(
+        ["python -m benchmarks.model_swap", *(argv if argv is not None else sys.argv[1:])]
     )
     report = {
         "generated": now(),

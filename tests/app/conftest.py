@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from tests.conftest import MAX_SEQ_LEN, TASKS  # noqa: F401 - re-exported for the app tests
 
@@ -49,6 +50,14 @@ async def serving(
                 response = await wait_ready(client)
                 assert response.status_code == 200, response.text
             yield app, client
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def served(models_dir) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    """One app on the shared tiny bundles at the default settings, for the tests that only ask it
+    (a test that counts metrics, changes settings or installs weights starts its own with serving)."""
+    async with serving(models_dir) as pair:
+        yield pair
 
 
 def bundle_of(app: Any, task: str, model: str | None = None) -> Any:

@@ -15,24 +15,24 @@ def stages(response) -> set[str]:
     return {part.split(";")[0].strip() for part in response.headers["server-timing"].split(",")}
 
 
-async def test_classify_single_and_top_k(models_dir):
-    async with serving(models_dir) as (_, client):
-        r = await client.post("/classify", json={"text": TEXT})
-        assert r.status_code == 200, r.text
-        body = r.json()
-        scores = [s["score"] for s in body["scores"]]
-        assert {s["label"] for s in body["scores"]} == {"negative", "positive"}
-        assert scores == sorted(scores, reverse=True) and math.isclose(sum(scores), 1.0, abs_tol=1e-6)
-        assert body["label"] == body["scores"][0]["label"] and body["score"] == scores[0]
-        assert body["truncated"] is False and body["windows"] == 1 and body["value"] is None
-        assert stages(r) == {"tokenize", "queue", "inference", "postprocess"}
-        assert r.headers["x-request-id"]
+async def test_classify_single_and_top_k(served):
+    _, client = served
+    r = await client.post("/classify", json={"text": TEXT})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    scores = [s["score"] for s in body["scores"]]
+    assert {s["label"] for s in body["scores"]} == {"negative", "positive"}
+    assert scores == sorted(scores, reverse=True) and math.isclose(sum(scores), 1.0, abs_tol=1e-6)
+    assert body["label"] == body["scores"][0]["label"] and body["score"] == scores[0]
+    assert body["truncated"] is False and body["windows"] == 1 and body["value"] is None
+    assert stages(r) == {"tokenize", "queue", "inference", "postprocess"}
+    assert r.headers["x-request-id"]
 
-        top = (await client.post("/classify", json={"text": TEXT, "top_k": 1})).json()
-        assert [s["label"] for s in top["scores"]] == [body["label"]]
+    top = (await client.post("/classify", json={"text": TEXT, "top_k": 1})).json()
+    assert [s["label"] for s in top["scores"]] == [body["label"]]
 
-        pair = await client.post("/classify", json={"text": "good", "text_pair": "bad"})
-        assert pair.status_code == 200 and pair.json()["scores"] != body["scores"]
+    pair = await client.post("/classify", json={"text": "good", "text_pair": "bad"})
+    assert pair.status_code == 200 and pair.json()["scores"] != body["scores"]
 
 
 async def test_classify_batch_equals_single_requests(models_dir):
@@ -48,13 +48,13 @@ async def test_classify_batch_equals_single_requests(models_dir):
             assert result["score"] == pytest.approx(alone["score"], abs=1e-5)
 
 
-async def test_classify_long_text_truncates_or_windows(models_dir):
+async def test_classify_long_text_truncates_or_windows(served, models_dir):
     long_text = " ".join(["great fun movie"] * 60)  # ~180 tokens, windows of 64
-    async with serving(models_dir) as (_, client):
-        cut = (await client.post("/classify", json={"text": long_text})).json()
-        assert cut["truncated"] is True and cut["windows"] == 1
-        exact = " ".join(["fun"] * (MAX_SEQ_LEN - 2))  # fills the window exactly: nothing cut
-        assert (await client.post("/classify", json={"text": exact})).json()["truncated"] is False
+    _, client = served
+    cut = (await client.post("/classify", json={"text": long_text})).json()
+    assert cut["truncated"] is True and cut["windows"] == 1
+    exact = " ".join(["fun"] * (MAX_SEQ_LEN - 2))  # fills the window exactly: nothing cut
+    assert (await client.post("/classify", json={"text": exact})).json()["truncated"] is False
     async with serving(models_dir, classify_long_text="windows") as (_, client):
         windowed = (await client.post("/classify", json={"text": long_text})).json()
         assert windowed["truncated"] is False and windowed["windows"] >= 3
@@ -70,57 +70,55 @@ async def test_classify_regression(regression_bundle):
         assert other["value"] != body["value"]
 
 
-async def test_ner_offsets_and_aggregations(models_dir):
+async def test_ner_offsets_and_aggregations(served):
     text = "John Smith lives in New York and works for the company."
-    async with serving(models_dir) as (_, client):
-        for aggregation in ("none", "simple", "first", "average", "max"):
-            r = await client.post("/ner", json={"text": text, "aggregation": aggregation})
-            assert r.status_code == 200, r.text
-            entities = r.json()["entities"]
-            assert entities, f"random tiny model found no entity with {aggregation}"
-            for e in entities:
-                assert text[e["start"] : e["end"]] == e["text"] and 0 < e["score"] <= 1
-        default = (await client.post("/ner", json={"text": text})).json()
-        first = (await client.post("/ner", json={"text": text, "aggregation": "first"})).json()
-        assert default == first
-        tokens = (await client.post("/ner", json={"text": text, "aggregation": "none"})).json()["entities"]
-        assert all(e["entity"].startswith(("B-", "I-")) for e in tokens)
+    _, client = served
+    for aggregation in ("none", "simple", "first", "average", "max"):
+        r = await client.post("/ner", json={"text": text, "aggregation": aggregation})
+        assert r.status_code == 200, r.text
+        entities = r.json()["entities"]
+        assert entities, f"random tiny model found no entity with {aggregation}"
+        for e in entities:
+            assert text[e["start"] : e["end"]] == e["text"] and 0 < e["score"] <= 1
+    default = (await client.post("/ner", json={"text": text})).json()
+    first = (await client.post("/ner", json={"text": text, "aggregation": "first"})).json()
+    assert default == first
+    tokens = (await client.post("/ner", json={"text": text, "aggregation": "none"})).json()["entities"]
+    assert all(e["entity"].startswith(("B-", "I-")) for e in tokens)
 
 
-async def test_multiple_choice(models_dir):
+async def test_multiple_choice(served):
     body = {
         "context": "the cat sat on the mat",
         "question": "where did the cat sit?",
         "choices": ["on the mat", "in the river", "at the house"],
     }
-    async with serving(models_dir) as (_, client):
-        r = await client.post("/multiple-choice", json=body)
-        assert r.status_code == 200, r.text
-        out = r.json()
-        assert len(out["scores"]) == 3 and math.isclose(sum(out["scores"]), 1.0, abs_tol=1e-6)
-        assert out["best"] == max(range(3), key=lambda i: out["scores"][i])
-        assert out["choice"] == body["choices"][out["best"]]
-        cloze = await client.post("/multiple-choice", json={**body, "question": "the cat sat _ ."})
-        assert cloze.status_code == 200
-        no_question = await client.post("/multiple-choice", json={**body, "question": None})
-        assert no_question.status_code == 200
+    _, client = served
+    r = await client.post("/multiple-choice", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert len(out["scores"]) == 3 and math.isclose(sum(out["scores"]), 1.0, abs_tol=1e-6)
+    assert out["best"] == max(range(3), key=lambda i: out["scores"][i])
+    assert out["choice"] == body["choices"][out["best"]]
+    cloze = await client.post("/multiple-choice", json={**body, "question": "the cat sat _ ."})
+    assert cloze.status_code == 200
+    no_question = await client.post("/multiple-choice", json={**body, "question": None})
+    assert no_question.status_code == 200
 
 
-async def test_qa_answers_point_into_the_context(models_dir):
+async def test_qa_answers_point_into_the_context(served):
     context = "john smith lives in paris , the capital of france . " * 8
-    async with serving(models_dir) as (_, client):
-        r = await client.post(
-            "/qa", json={"question": "where does john live?", "context": context, "top_k": 3}
-        )
-        assert r.status_code == 200, r.text
-        out = r.json()
-        assert out["windows"] > 1 and len(out["answers"]) == 3
-        for a in out["answers"]:
-            assert context[a["start"] : a["end"]] == a["text"] and a["text"]
-        scores = [a["score"] for a in out["answers"]]
-        assert scores == sorted(scores, reverse=True)
-        short = await client.post("/qa", json={"question": "who?", "context": "john", "max_answer_len": 1})
-        assert short.json()["answers"][0]["text"] == "john"
+    _, client = served
+    r = await client.post("/qa", json={"question": "where does john live?", "context": context, "top_k": 3})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["windows"] > 1 and len(out["answers"]) == 3
+    for a in out["answers"]:
+        assert context[a["start"] : a["end"]] == a["text"] and a["text"]
+    scores = [a["score"] for a in out["answers"]]
+    assert scores == sorted(scores, reverse=True)
+    short = await client.post("/qa", json={"question": "who?", "context": "john", "max_answer_len": 1})
+    assert short.json()["answers"][0]["text"] == "john"
 
 
 async def test_openapi_examples_all_work(models_dir):

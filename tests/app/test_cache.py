@@ -83,9 +83,8 @@ ROUTES = {
 }
 
 
-async def test_every_cached_route_answers_byte_for_byte_as_without_the_cache(models_dir):
-    async with serving(models_dir) as (_, client):
-        plain = {path: await client.post(path, json=body) for path, body in ROUTES.items()}
+async def test_every_cached_route_answers_byte_for_byte_as_without_the_cache(served, models_dir):
+    plain = {path: await served[1].post(path, json=body) for path, body in ROUTES.items()}
     async with serving(models_dir, response_cache_mb=1) as (_, client):
         for path, body in ROUTES.items():
             first = await client.post(path, json=body)
@@ -101,17 +100,17 @@ async def test_every_cached_route_answers_byte_for_byte_as_without_the_cache(mod
         assert 'bert_cache_misses_total{model="embed"} 3.0' in metrics  # /embed, /v1/embeddings, /similarity
 
 
-async def test_errors_are_never_cached_and_the_cache_is_off_by_default(models_dir):
+async def test_errors_are_never_cached_and_the_cache_is_off_by_default(served, models_dir):
     async with serving(models_dir, response_cache_mb=1) as (app, client):
         for _ in range(2):
             r = await client.post("/qa", json={"question": "who?", "context": "x", "top_k": 50})
             assert r.status_code == 422 and "x-cache" not in r.headers
         assert len(app.state.service_state.registry.cache) == 0
         assert "bert_cache_hits_total{" not in (await client.get("/metrics")).text
-    async with serving(models_dir) as (app, client):
-        r = await client.post("/classify", json=ROUTES["/classify"])
-        assert r.status_code == 200 and "x-cache" not in r.headers
-        assert app.state.service_state.registry.cache is None
+    app, client = served
+    r = await client.post("/classify", json=ROUTES["/classify"])
+    assert r.status_code == 200 and "x-cache" not in r.headers
+    assert app.state.service_state.registry.cache is None
 
 
 @pytest.mark.parametrize("how", ["admin", "poll"])

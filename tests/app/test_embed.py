@@ -32,10 +32,10 @@ async def embed(client, payload, path="/embed", status=200):
     return response
 
 
-async def test_embed_answers_tei_shapes_and_the_offline_vectors(embed_dir, app_bundles):
-    async with serving(embed_dir) as (_, client):
-        one = (await embed(client, {"inputs": "the cat sat on the mat"})).json()
-        many = await embed(client, {"inputs": SENTENCES, "normalize": False})
+async def test_embed_answers_tei_shapes_and_the_offline_vectors(served, app_bundles):
+    _, client = served
+    one = (await embed(client, {"inputs": "the cat sat on the mat"})).json()
+    many = await embed(client, {"inputs": SENTENCES, "normalize": False})
     assert isinstance(one, list) and len(one) == 1 and len(one[0]) == 32  # TEI: a bare list of vectors
     assert np.linalg.norm(one[0]) == pytest.approx(1.0, abs=1e-6)  # normalize defaults to true
     assert many.headers["x-model"] == "embed" and "x-truncated-inputs" not in many.headers
@@ -43,17 +43,17 @@ async def test_embed_answers_tei_shapes_and_the_offline_vectors(embed_dir, app_b
     np.testing.assert_allclose(np.asarray(many.json()), offline, atol=1e-6)
 
 
-async def test_a_text_gets_the_same_vector_alone_and_in_any_batch(embed_dir):
+async def test_a_text_gets_the_same_vector_alone_and_in_any_batch(served):
     """Rows of different lengths, in one request and in concurrent requests batched together:
     every vector is bit-identical to the text's vector alone."""
     texts = [*SENTENCES, "mary", LONG[:60], "where is the house of the team that won the game"]
-    async with serving(embed_dir) as (_, client):
-        alone = [(await embed(client, {"inputs": t})).json()[0] for t in texts]
-        together = (await embed(client, {"inputs": texts})).json()
-        reversed_batch = (await embed(client, {"inputs": texts[::-1]})).json()[::-1]
-        concurrent = await asyncio.gather(
-            *(embed(client, {"inputs": [t, *texts[:i]]}) for i, t in enumerate(texts))
-        )
+    _, client = served
+    alone = [(await embed(client, {"inputs": t})).json()[0] for t in texts]
+    together = (await embed(client, {"inputs": texts})).json()
+    reversed_batch = (await embed(client, {"inputs": texts[::-1]})).json()[::-1]
+    concurrent = await asyncio.gather(
+        *(embed(client, {"inputs": [t, *texts[:i]]}) for i, t in enumerate(texts))
+    )
     assert together == alone and reversed_batch == alone
     assert [r.json()[0] for r in concurrent] == alone
 
@@ -73,13 +73,13 @@ async def test_the_service_matches_sentence_transformers_on_its_folder(tmp_path)
             assert np.abs(got - reference).max() <= 1e-5
 
 
-async def test_openai_embeddings(embed_dir):
-    async with serving(embed_dir) as (_, client):
-        floats = (await embed(client, {"input": SENTENCES[:2], "model": "embed"}, "/v1/embeddings")).json()
-        packed = await embed(
-            client, {"input": SENTENCES[0], "encoding_format": "base64", "dimensions": 32}, "/v1/embeddings"
-        )
-        tei = (await embed(client, {"inputs": SENTENCES[:2]})).json()
+async def test_openai_embeddings(served):
+    _, client = served
+    floats = (await embed(client, {"input": SENTENCES[:2], "model": "embed"}, "/v1/embeddings")).json()
+    packed = await embed(
+        client, {"input": SENTENCES[0], "encoding_format": "base64", "dimensions": 32}, "/v1/embeddings"
+    )
+    tei = (await embed(client, {"inputs": SENTENCES[:2]})).json()
     assert floats["object"] == "list" and floats["model"] == "embed"
     assert [d["object"] for d in floats["data"]] == ["embedding"] * 2 and [
         d["index"] for d in floats["data"]
@@ -92,24 +92,24 @@ async def test_openai_embeddings(embed_dir):
     np.testing.assert_array_equal(from_base64(data[0]["embedding"]), np.asarray(tei[0], dtype=np.float32))
 
 
-async def test_similarity_is_the_cosine_of_the_embeddings(embed_dir):
+async def test_similarity_is_the_cosine_of_the_embeddings(served):
     sentences = [SENTENCES[0], SENTENCES[1], "the cat sat on a mat"]
     body = {"inputs": {"source_sentence": SENTENCES[0], "sentences": sentences}}
-    async with serving(embed_dir) as (_, client):
-        scores = (await embed(client, body, "/similarity")).json()
-        vectors = np.asarray((await embed(client, {"inputs": [SENTENCES[0], *sentences]})).json())
+    _, client = served
+    scores = (await embed(client, body, "/similarity")).json()
+    vectors = np.asarray((await embed(client, {"inputs": [SENTENCES[0], *sentences]})).json())
     assert len(scores) == 3 and scores[0] == pytest.approx(1.0, abs=1e-6)
     np.testing.assert_allclose(scores, vectors[1:] @ vectors[0], atol=1e-6)
     assert scores[2] > scores[1]  # one word changed is closer than another sentence
 
 
-async def test_long_inputs_follow_the_classification_rule_and_say_so(embed_dir, app_bundles):
+async def test_long_inputs_follow_the_classification_rule_and_say_so(served, embed_dir):
     texts = ["a great movie", LONG]
-    async with serving(embed_dir) as (_, client):
-        cut = await embed(client, {"inputs": texts})
-        asked = await embed(client, {"inputs": texts, "truncate": True})
-        left = await embed(client, {"inputs": [LONG], "truncation_direction": "Left"})
-        refused = await embed(client, {"inputs": texts, "truncate": False}, status=413)
+    _, client = served
+    cut = await embed(client, {"inputs": texts})
+    asked = await embed(client, {"inputs": texts, "truncate": True})
+    left = await embed(client, {"inputs": [LONG], "truncation_direction": "Left"})
+    refused = await embed(client, {"inputs": texts, "truncate": False}, status=413)
     assert cut.headers["x-truncated-inputs"] == "1" and "x-windowed-inputs" not in cut.headers
     assert asked.json() == cut.json()
     assert refused.json()["error"] == "input_too_long"
@@ -139,7 +139,13 @@ async def test_long_inputs_follow_the_classification_rule_and_say_so(embed_dir, 
         ("/embed", {"text": "a"}, 422, "inputs", "Field required"),
         ("/embed", {"inputs": ["a"] * 65}, 422, "inputs", "65 texts; the limit is 64 (MAX_BATCH_ITEMS)"),
         ("/embed", {"inputs": "a" * 20_001}, 413, "inputs.0", "MAX_TEXT_CHARS"),
-        ("/embed", {"inputs": "a", "model": "sst2"}, 404, "model", "does not exist; models: embed (embed)"),
+        (
+            "/embed",
+            {"inputs": "a", "model": "sst2"},
+            404,
+            "model",
+            "does not exist; models: classify (classify), embed (embed)",
+        ),
         ("/v1/embeddings", {"input": [101, 2023]}, 422, "input", "token-id arrays are not supported"),
         ("/v1/embeddings", {"input": [[101, 2023]]}, 422, "input", "token-id arrays are not supported"),
         ("/v1/embeddings", {"input": "a", "dimensions": 16}, 422, "dimensions", "cannot shorten"),
@@ -156,19 +162,18 @@ async def test_long_inputs_follow_the_classification_rule_and_say_so(embed_dir, 
         ("/similarity", {"inputs": ["a", "b"]}, 422, "inputs", "valid dictionary"),
     ],
 )
-async def test_bad_requests_get_a_4xx_naming_the_problem(embed_dir, path, payload, status, field, message):
-    async with serving(embed_dir) as (_, client):
-        response = await embed(client, payload, path, status=status)
+async def test_bad_requests_get_a_4xx_naming_the_problem(served, path, payload, status, field, message):
+    _, client = served
+    response = await embed(client, payload, path, status=status)
     body = response.json()
     assert field in [f["field"] for f in body.get("fields") or []], body
     assert message in body["message"], body
 
 
-async def test_the_embed_model_is_listed_with_its_pooling(embed_dir):
-    async with serving(embed_dir) as (_, client):
-        models = (await client.get("/models")).json()["models"]
-    (model,) = models
-    assert model["task"] == "embed" and model["max_seq_len"] == MAX_SEQ_LEN
+async def test_the_embed_model_is_listed_with_its_pooling(served):
+    _, client = served
+    (model,) = [m for m in (await client.get("/models")).json()["models"] if m["task"] == "embed"]
+    assert model["max_seq_len"] == MAX_SEQ_LEN
     assert model["pooling"] == {"mode": "mean", "normalize": False, "dimensions": 32}
 
 

@@ -63,34 +63,34 @@ def assert_error(response, status: int, field: str | None = None) -> dict:
     return body
 
 
-async def test_bad_bodies(models_dir):
-    async with serving(models_dir) as (_, client):
-        for path, ok in OK.items():
-            assert (await client.post(path, json=ok)).status_code == 200
-        for path, body, status, field in BAD_BODIES:
-            if isinstance(body, bytes):
-                response = await client.post(path, content=body, headers={"content-type": "application/json"})
-            else:
-                response = await client.post(path, json=body)
-            assert_error(response, status, field)
+async def test_bad_bodies(served):
+    _, client = served
+    for path, ok in OK.items():
+        assert (await client.post(path, json=ok)).status_code == 200
+    for path, body, status, field in BAD_BODIES:
+        if isinstance(body, bytes):
+            response = await client.post(path, content=body, headers={"content-type": "application/json"})
+        else:
+            response = await client.post(path, json=body)
+        assert_error(response, status, field)
 
 
-async def test_undecodable_bodies(models_dir):
-    async with serving(models_dir) as (_, client):
-        json_header = {"content-type": "application/json"}
-        for raw, status in [
-            (b'{"text": ', 422),  # truncated JSON
-            (b"{'text': 'single quotes'}", 422),
-            (b'{"text": "caf\xe9"}', 400),  # latin-1, not UTF-8
-            (b"[1, 2]", 422),
-            (b"", 422),
-            (b"null", 422),
-        ]:
-            body = assert_error(await client.post("/ner", content=raw, headers=json_header), status, "body")
-            assert body["request_id"]
-        # Not declared as JSON: still a 4xx that says what to send.
-        plain = assert_error(await client.post("/ner", content=b'{"text": "x"}'), 422, "body")
-        assert "application/json" in plain["message"]
+async def test_undecodable_bodies(served):
+    _, client = served
+    json_header = {"content-type": "application/json"}
+    for raw, status in [
+        (b'{"text": ', 422),  # truncated JSON
+        (b"{'text': 'single quotes'}", 422),
+        (b'{"text": "caf\xe9"}', 400),  # latin-1, not UTF-8
+        (b"[1, 2]", 422),
+        (b"", 422),
+        (b"null", 422),
+    ]:
+        body = assert_error(await client.post("/ner", content=raw, headers=json_header), status, "body")
+        assert body["request_id"]
+    # Not declared as JSON: still a 4xx that says what to send.
+    plain = assert_error(await client.post("/ner", content=b'{"text": "x"}'), 422, "body")
+    assert "application/json" in plain["message"]
 
 
 async def test_size_limits(models_dir):
@@ -145,7 +145,7 @@ async def test_task_without_bundle(make_models_dir):
         assert (await client.post("/classify", json=OK["/classify"])).status_code == 200
 
 
-async def test_cors_origins(models_dir):
+async def test_cors_origins(served, models_dir):
     async with serving(models_dir, cors_origins="https://a.example, https://b.example") as (_, client):
         preflight = {
             "origin": "https://b.example",
@@ -159,19 +159,19 @@ async def test_cors_origins(models_dir):
         assert "server-timing" in r.headers["access-control-expose-headers"].lower()
         r = await client.post("/classify", json=OK["/classify"], headers={"origin": "https://evil.example"})
         assert "access-control-allow-origin" not in r.headers
-    async with serving(models_dir) as (_, client):  # none configured: no CORS headers at all
-        r = await client.post("/classify", json=OK["/classify"], headers={"origin": "https://a.example"})
-        assert "access-control-allow-origin" not in r.headers
+    _, client = served  # none configured: no CORS headers at all
+    r = await client.post("/classify", json=OK["/classify"], headers={"origin": "https://a.example"})
+    assert "access-control-allow-origin" not in r.headers
 
 
-async def test_request_ids(models_dir):
-    async with serving(models_dir) as (_, client):
-        r = await client.post("/classify", json=OK["/classify"], headers={"x-request-id": "abc-123"})
-        assert r.headers["x-request-id"] == "abc-123"
-        bad = await client.post("/ner", json={"text": ""}, headers={"x-request-id": "no spaces <script>"})
-        generated = bad.headers["x-request-id"]
-        assert generated != "no spaces <script>" and len(generated) == 32
-        assert bad.json()["request_id"] == generated
-        a = (await client.get("/health")).headers["x-request-id"]
-        b = (await client.get("/health")).headers["x-request-id"]
-        assert a != b
+async def test_request_ids(served):
+    _, client = served
+    r = await client.post("/classify", json=OK["/classify"], headers={"x-request-id": "abc-123"})
+    assert r.headers["x-request-id"] == "abc-123"
+    bad = await client.post("/ner", json={"text": ""}, headers={"x-request-id": "no spaces <script>"})
+    generated = bad.headers["x-request-id"]
+    assert generated != "no spaces <script>" and len(generated) == 32
+    assert bad.json()["request_id"] == generated
+    a = (await client.get("/health")).headers["x-request-id"]
+    b = (await client.get("/health")).headers["x-request-id"]
+    assert a != b

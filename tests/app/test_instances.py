@@ -41,10 +41,10 @@ def test_batching_limits_follow_the_device_unless_set():
     assert resolve_padding_factor(0, "cpu") == 0 and resolve_padding_factor(2.0, "cuda") == 2.0
 
 
-async def test_models_reports_the_limits_in_force(models_dir):
-    async with serving(models_dir) as (_, client):
-        limits = (await client.get("/models")).json()["models"][0]["limits"]
-        assert (limits["max_batch_tokens"], limits["max_padding_factor"]) == (1024, 1.1)
+async def test_models_reports_the_limits_in_force(served, models_dir):
+    _, client = served
+    limits = (await client.get("/models")).json()["models"][0]["limits"]
+    assert (limits["max_batch_tokens"], limits["max_padding_factor"]) == (1024, 1.1)
     async with serving(models_dir, max_batch_tokens=300, max_padding_factor=0) as (_, client):
         limits = (await client.get("/models")).json()["models"][0]["limits"]
         assert (limits["max_batch_tokens"], limits["max_padding_factor"]) == (300, 0)
@@ -322,14 +322,14 @@ def test_pool_runs_alone_batches_on_its_solo_session_when_free():
 
 
 @pytest.mark.skipif(available_cores() < 2, reason="the solo session needs two cores or more")
-async def test_every_model_gets_the_same_sessions_however_many_are_loaded(models_dir, app_bundles, tmp_path):
+async def test_every_model_gets_the_same_sessions_however_many_are_loaded(served, app_bundles, tmp_path):
     cores = available_cores()
-    async with serving(models_dir) as (_, client):  # several models share the cores, not split them
-        layouts = {
-            (m["instances"], m["intra_op_threads"], m["solo_threads"])
-            for m in (await client.get("/models")).json()["models"]
-        }
-        assert layouts == {(cores, 1, cores)}
+    _, client = served  # several models share the cores, not split them
+    layouts = {
+        (m["instances"], m["intra_op_threads"], m["solo_threads"])
+        for m in (await client.get("/models")).json()["models"]
+    }
+    assert layouts == {(cores, 1, cores)}
     alone = tmp_path / "alone"
     alone.mkdir()
     (alone / "m").symlink_to(app_bundles["classify"], target_is_directory=True)

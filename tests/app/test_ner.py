@@ -42,19 +42,19 @@ def install_marker(app) -> None:
     bundle.batcher.runtime = MarkerNER(bundle.tokenizer.tokenizer.get_vocab(), bundle.manifest.labels)
 
 
-async def test_offsets_on_accents_emoji_tabs_and_spaces(models_dir):
-    async with serving(models_dir) as (_, client):
-        for strategy in STRATEGIES:
-            r = await client.post("/ner", json={"text": AWKWARD, "aggregation": strategy})
-            assert r.status_code == 200, r.text
-            entities = r.json()["entities"]
-            assert entities, strategy
-            for e in entities:
-                assert AWKWARD[e["start"] : e["end"]] == e["text"], (strategy, e)
-                assert e["text"] and e["text"] == e["text"].strip(), (strategy, e)  # no edge whitespace
-        tokens = (await client.post("/ner", json={"text": AWKWARD, "aggregation": "none"})).json()["entities"]
-        starts = [e["start"] for e in tokens]
-        assert starts == sorted(set(starts))  # one entry per token, in text order
+async def test_offsets_on_accents_emoji_tabs_and_spaces(served):
+    _, client = served
+    for strategy in STRATEGIES:
+        r = await client.post("/ner", json={"text": AWKWARD, "aggregation": strategy})
+        assert r.status_code == 200, r.text
+        entities = r.json()["entities"]
+        assert entities, strategy
+        for e in entities:
+            assert AWKWARD[e["start"] : e["end"]] == e["text"], (strategy, e)
+            assert e["text"] and e["text"] == e["text"].strip(), (strategy, e)  # no edge whitespace
+    tokens = (await client.post("/ner", json={"text": AWKWARD, "aggregation": "none"})).json()["entities"]
+    starts = [e["start"] for e in tokens]
+    assert starts == sorted(set(starts))  # one entry per token, in text order
 
 
 async def test_exact_entities_in_awkward_text(models_dir):

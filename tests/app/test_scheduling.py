@@ -119,17 +119,17 @@ async def test_high_priority_is_served_first_and_normal_work_still_completes(mod
         assert runtime.lengths == lengths  # the high ones in arrival order, then the normal one
 
 
-async def test_bad_schedule_values_are_named(models_dir):
-    async with serving(models_dir) as (_, client):
-        for headers, field in (
-            ({"X-Timeout-Ms": "soon"}, "X-Timeout-Ms"),
-            ({"X-Timeout-Ms": "0"}, "X-Timeout-Ms"),
-            ({"X-Priority": "urgent"}, "X-Priority"),
-        ):
-            r = await client.post("/ner", json={"text": "john"}, headers=headers)
-            assert r.status_code == 422 and r.json()["fields"][0]["field"] == field, r.text
-        for body, field in (({"timeout_ms": 0}, "timeout_ms"), ({"priority": "urgent"}, "priority")):
-            r = await client.post("/ner", json={"text": "john", **body})
-            assert r.status_code == 422 and r.json()["fields"][0]["field"] == field, r.text
-        ok = await client.post("/ner", json={"text": "john", "timeout_ms": 60_000, "priority": "normal"})
-        assert ok.status_code == 200
+async def test_bad_schedule_values_are_named(served):
+    _, client = served
+    for headers, field in (
+        ({"X-Timeout-Ms": "soon"}, "X-Timeout-Ms"),
+        ({"X-Timeout-Ms": "0"}, "X-Timeout-Ms"),
+        ({"X-Priority": "urgent"}, "X-Priority"),
+    ):
+        r = await client.post("/ner", json={"text": "john"}, headers=headers)
+        assert r.status_code == 422 and r.json()["fields"][0]["field"] == field, r.text
+    for body, field in (({"timeout_ms": 0}, "timeout_ms"), ({"priority": "urgent"}, "priority")):
+        r = await client.post("/ner", json={"text": "john", **body})
+        assert r.status_code == 422 and r.json()["fields"][0]["field"] == field, r.text
+    ok = await client.post("/ner", json={"text": "john", "timeout_ms": 60_000, "priority": "normal"})
+    assert ok.status_code == 200

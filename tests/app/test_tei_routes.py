@@ -138,17 +138,13 @@ async def test_every_inference_answer_carries_tei_s_timing_headers(models_dir):
     assert 'bert_request_tokens_bucket{le="8.0",model="classify",task="classify"}' in metrics
 
 
-async def test_openai_models_and_embedding_model_names(models_dir):
-    async with serving(models_dir) as (_, client):
-        listed = (await client.get("/v1/models")).json()
-        ada = (
-            await post(client, "/v1/embeddings", {"input": "a cat", "model": "text-embedding-ada-002"})
-        ).json()
-        named = (await post(client, "/v1/embeddings", {"input": "a cat", "model": "embed"})).json()
-        unknown = (await post(client, "/v1/embeddings", {"input": "a cat", "model": "nope"}, 404)).json()
-        other_task = (
-            await post(client, "/v1/embeddings", {"input": "a cat", "model": "classify"}, 404)
-        ).json()
+async def test_openai_models_and_embedding_model_names(served):
+    _, client = served
+    listed = (await client.get("/v1/models")).json()
+    ada = (await post(client, "/v1/embeddings", {"input": "a cat", "model": "text-embedding-ada-002"})).json()
+    named = (await post(client, "/v1/embeddings", {"input": "a cat", "model": "embed"})).json()
+    unknown = (await post(client, "/v1/embeddings", {"input": "a cat", "model": "nope"}, 404)).json()
+    other_task = (await post(client, "/v1/embeddings", {"input": "a cat", "model": "classify"}, 404)).json()
     assert listed["object"] == "list"
     assert {m["id"] for m in listed["data"]} == {"classify", "ner", "multiple-choice", "qa", "embed"}
     for model in listed["data"]:

@@ -64,90 +64,86 @@ def assert_v2_error(response, status: int, *needles: str) -> str:
     return body["error"]
 
 
-async def test_server_metadata_and_health(models_dir):
-    async with serving(models_dir) as (app, client):
-        meta = (await client.get("/v2")).json()
-        assert meta == {
-            "name": "bert-serving",
-            "version": app.version,
-            "extensions": ["parameters", "schedule_policy", "binary_tensor_data"],
-        }
-        assert (await client.get("/v2/health/live")).json() == {"live": True}
-        ready = await client.get("/v2/health/ready")
-        assert ready.status_code == 200 and ready.json() == {"ready": True}
+async def test_server_metadata_and_health(served, models_dir):
+    app, client = served
+    meta = (await client.get("/v2")).json()
+    assert meta == {
+        "name": "bert-serving",
+        "version": app.version,
+        "extensions": ["parameters", "schedule_policy", "binary_tensor_data"],
+    }
+    assert (await client.get("/v2/health/live")).json() == {"live": True}
+    ready = await client.get("/v2/health/ready")
+    assert ready.status_code == 200 and ready.json() == {"ready": True}
     async with serving(models_dir, ready=False) as (_, client):  # before the models have loaded
         ready = await client.get("/v2/health/ready")
         assert ready.status_code in (200, 503) and ready.json()["ready"] is (ready.status_code == 200)
 
 
 @pytest.mark.parametrize("task", list(TASKS))
-async def test_model_metadata_and_ready(models_dir, task):
-    async with serving(models_dir) as (_, client):
-        version = next(m for m in (await client.get("/models")).json()["models"] if m["name"] == task)[
-            "version"
-        ]
-        meta = (await client.get(f"/v2/models/{task}")).json()
-        spec = TASKS[task].v2
-        assert meta == {
-            "name": task,
-            "versions": [version],
-            "platform": "onnx_onnxv1",
-            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in spec.inputs],
-            "outputs": [
-                {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in spec.outputs
-            ],
-        }
-        assert (await client.get(f"/v2/models/{task}/versions/{version}")).json() == meta
-        ready = await client.get(f"/v2/models/{task}/ready")
-        assert ready.status_code == 200 and ready.json() == {"name": task, "ready": True}
-        assert (await client.get(f"/v2/models/{task}/versions/{version}/ready")).status_code == 200
-        assert_v2_error(await client.get(f"/v2/models/{task}/versions/999/ready"), 404, "999", version)
-        assert_v2_error(await client.get("/v2/models/nope"), 404, "'nope' does not exist")
-        assert_v2_error(await client.get("/v2/models/nope/ready"), 404, "nope")
+async def test_model_metadata_and_ready(served, task):
+    _, client = served
+    version = next(m for m in (await client.get("/models")).json()["models"] if m["name"] == task)["version"]
+    meta = (await client.get(f"/v2/models/{task}")).json()
+    spec = TASKS[task].v2
+    assert meta == {
+        "name": task,
+        "versions": [version],
+        "platform": "onnx_onnxv1",
+        "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in spec.inputs],
+        "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in spec.outputs],
+    }
+    assert (await client.get(f"/v2/models/{task}/versions/{version}")).json() == meta
+    ready = await client.get(f"/v2/models/{task}/ready")
+    assert ready.status_code == 200 and ready.json() == {"name": task, "ready": True}
+    assert (await client.get(f"/v2/models/{task}/versions/{version}/ready")).status_code == 200
+    assert_v2_error(await client.get(f"/v2/models/{task}/versions/999/ready"), 404, "999", version)
+    assert_v2_error(await client.get("/v2/models/nope"), 404, "'nope' does not exist")
+    assert_v2_error(await client.get("/v2/models/nope/ready"), 404, "nope")
 
 
 @pytest.mark.parametrize("task", list(TASKS))
-async def test_infer_answers_as_the_native_route_does(models_dir, task):
+async def test_infer_answers_as_the_native_route_does(served, task):
     rows = ROWS[task]
-    async with serving(models_dir) as (_, client):
-        native = []
-        for row in rows:
-            r = await client.post(TASKS[task].path, json={**row, **OPTIONS.get(task, {})})
-            assert r.status_code == 200, r.text
-            native.append(r.json())
-        r = await client.post(f"/v2/models/{task}/infer", json={**v2_request(task, rows), "id": "req-7"})
+    _, client = served
+    native = []
+    for row in rows:
+        r = await client.post(TASKS[task].path, json={**row, **OPTIONS.get(task, {})})
         assert r.status_code == 200, r.text
-        assert r.headers["x-model"] == task and "inference;dur=" in r.headers["server-timing"]
-        body = r.json()
-        assert body["model_name"] == task and body["id"] == "req-7" and body["model_version"]
-        outputs = by_name(body)
-        assert list(outputs) == [t.name for t in TASKS[task].v2.outputs]  # all, in declared order
-        for o in outputs.values():
-            assert o["shape"][0] == len(rows) and len(o["data"]) == o["shape"][0] * (o["shape"][1:] or [1])[0]
-        data = {name: o["data"] for name, o in outputs.items()}
-        if task == "classify":
-            assert data["label"] == [n["label"] for n in native]
-            assert data["score"] == pytest.approx([n["score"] for n in native])
-            assert [json.loads(s) for s in data["scores"]] == [n["scores"] for n in native]
-            assert data["truncated"] == [False, False] and data["windows"] == [1, 1]
-        elif task == "ner":
-            assert [json.loads(e) for e in data["entities"]] == [n["entities"] for n in native]
-            assert data["windows"] == [n["windows"] for n in native]
-        elif task == "multiple-choice":
-            assert outputs["scores"]["shape"] == [2, 3] and outputs["scores"]["datatype"] == "FP32"
-            assert data["scores"] == pytest.approx([s for n in native for s in n["scores"]])
-            assert data["best"] == [n["best"] for n in native]
-            assert data["choice"] == [n["choice"] for n in native]
-        elif task == "embed":  # one vector per row, as FP32 [rows, width]
-            assert outputs["embedding"]["datatype"] == "FP32" and outputs["embedding"]["shape"] == [2, 32]
-            assert data["embedding"] == pytest.approx([x for n in native for x in n[0]])
-        else:
-            best = [n["answers"][0] for n in native]
-            assert data["answer"] == [a["text"] for a in best]
-            assert data["start"] == [a["start"] for a in best] and data["end"] == [a["end"] for a in best]
-            assert data["score"] == pytest.approx([a["score"] for a in best])
-            assert [json.loads(a) for a in data["answers"]] == [n["answers"] for n in native]
-            assert all(len(json.loads(a)) == 2 for a in data["answers"])  # parameters.top_k reached it
+        native.append(r.json())
+    r = await client.post(f"/v2/models/{task}/infer", json={**v2_request(task, rows), "id": "req-7"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-model"] == task and "inference;dur=" in r.headers["server-timing"]
+    body = r.json()
+    assert body["model_name"] == task and body["id"] == "req-7" and body["model_version"]
+    outputs = by_name(body)
+    assert list(outputs) == [t.name for t in TASKS[task].v2.outputs]  # all, in declared order
+    for o in outputs.values():
+        assert o["shape"][0] == len(rows) and len(o["data"]) == o["shape"][0] * (o["shape"][1:] or [1])[0]
+    data = {name: o["data"] for name, o in outputs.items()}
+    if task == "classify":
+        assert data["label"] == [n["label"] for n in native]
+        assert data["score"] == pytest.approx([n["score"] for n in native])
+        assert [json.loads(s) for s in data["scores"]] == [n["scores"] for n in native]
+        assert data["truncated"] == [False, False] and data["windows"] == [1, 1]
+    elif task == "ner":
+        assert [json.loads(e) for e in data["entities"]] == [n["entities"] for n in native]
+        assert data["windows"] == [n["windows"] for n in native]
+    elif task == "multiple-choice":
+        assert outputs["scores"]["shape"] == [2, 3] and outputs["scores"]["datatype"] == "FP32"
+        assert data["scores"] == pytest.approx([s for n in native for s in n["scores"]])
+        assert data["best"] == [n["best"] for n in native]
+        assert data["choice"] == [n["choice"] for n in native]
+    elif task == "embed":  # one vector per row, as FP32 [rows, width]
+        assert outputs["embedding"]["datatype"] == "FP32" and outputs["embedding"]["shape"] == [2, 32]
+        assert data["embedding"] == pytest.approx([x for n in native for x in n[0]])
+    else:
+        best = [n["answers"][0] for n in native]
+        assert data["answer"] == [a["text"] for a in best]
+        assert data["start"] == [a["start"] for a in best] and data["end"] == [a["end"] for a in best]
+        assert data["score"] == pytest.approx([a["score"] for a in best])
+        assert [json.loads(a) for a in data["answers"]] == [n["answers"] for n in native]
+        assert all(len(json.loads(a)) == 2 for a in data["answers"])  # parameters.top_k reached it
 
 
 async def test_the_specification_example_request(models_dir):
@@ -237,16 +233,16 @@ async def test_the_specification_example_request(models_dir):
         assert label["data"] == [res["label"] for res in native.json()["results"]]
 
 
-async def test_nested_and_flat_data_are_the_same_tensor(models_dir):
+async def test_nested_and_flat_data_are_the_same_tensor(served):
     rows = ROWS["multiple-choice"]
     nested = v2_request("multiple-choice", rows)
     flat = json.loads(json.dumps(nested))
     choices = next(t for t in flat["inputs"] if t["name"] == "choices")
     choices["data"] = [c for row in choices["data"] for c in row]
-    async with serving(models_dir) as (_, client):
-        a = await client.post("/v2/models/multiple-choice/infer", json=nested)
-        b = await client.post("/v2/models/multiple-choice/infer", json=flat)
-        assert a.status_code == b.status_code == 200 and a.json() == b.json()
+    _, client = served
+    a = await client.post("/v2/models/multiple-choice/infer", json=nested)
+    b = await client.post("/v2/models/multiple-choice/infer", json=flat)
+    assert a.status_code == b.status_code == 200 and a.json() == b.json()
 
 
 def classify_body(**changes) -> dict:
@@ -304,44 +300,44 @@ BAD = [
 
 
 @pytest.mark.parametrize("body, status, needles", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
-async def test_malformed_requests_get_v2_errors(models_dir, body, status, needles):
-    async with serving(models_dir) as (_, client):
-        assert_v2_error(await client.post("/v2/models/classify/infer", json=body), status, *needles)
+async def test_malformed_requests_get_v2_errors(served, body, status, needles):
+    _, client = served
+    assert_v2_error(await client.post("/v2/models/classify/infer", json=body), status, *needles)
 
 
-async def test_every_task_s_malformed_tensors_name_the_problem(models_dir):
-    async with serving(models_dir) as (_, client):
-        mc = v2_request("multiple-choice", ROWS["multiple-choice"])
-        mc["inputs"][-1] = {**mc["inputs"][-1], "shape": [6]}  # choices flattened into one axis
-        r = await client.post("/v2/models/multiple-choice/infer", json=mc)
-        assert_v2_error(r, 400, "'choices' must have shape [-1, -1]")
-        mc = v2_request("multiple-choice", [{"context": "c", "choices": ["only one"]}])
-        r = await client.post("/v2/models/multiple-choice/infer", json=mc)
-        assert_v2_error(r, 400, "input 'choices' row 0", "at least 2")
-        r = await client.post("/v2/models/qa/infer", json={"inputs": [tensor("question", ["who?"])]})
-        assert_v2_error(r, 400, "missing input 'context'")
-        r = await client.post("/v2/models/ner/infer", json={"inputs": [tensor("text", ["x"], "INT64")]})
-        assert_v2_error(r, 400, "must be BYTES, got INT64")
-        r = await client.post(
-            "/v2/models/ner/infer", json=v2_request("ner", ROWS["ner"]) | {"parameters": {"aggregation": "x"}}
-        )
-        assert_v2_error(r, 400, "parameter 'aggregation'")
+async def test_every_task_s_malformed_tensors_name_the_problem(served):
+    _, client = served
+    mc = v2_request("multiple-choice", ROWS["multiple-choice"])
+    mc["inputs"][-1] = {**mc["inputs"][-1], "shape": [6]}  # choices flattened into one axis
+    r = await client.post("/v2/models/multiple-choice/infer", json=mc)
+    assert_v2_error(r, 400, "'choices' must have shape [-1, -1]")
+    mc = v2_request("multiple-choice", [{"context": "c", "choices": ["only one"]}])
+    r = await client.post("/v2/models/multiple-choice/infer", json=mc)
+    assert_v2_error(r, 400, "input 'choices' row 0", "at least 2")
+    r = await client.post("/v2/models/qa/infer", json={"inputs": [tensor("question", ["who?"])]})
+    assert_v2_error(r, 400, "missing input 'context'")
+    r = await client.post("/v2/models/ner/infer", json={"inputs": [tensor("text", ["x"], "INT64")]})
+    assert_v2_error(r, 400, "must be BYTES, got INT64")
+    r = await client.post(
+        "/v2/models/ner/infer", json=v2_request("ner", ROWS["ner"]) | {"parameters": {"aggregation": "x"}}
+    )
+    assert_v2_error(r, 400, "parameter 'aggregation'")
 
 
-async def test_other_failures_under_v2_have_the_v2_body(models_dir):
-    async with serving(models_dir) as (_, client):
-        assert_v2_error(await client.post("/v2/models/nope/infer", json=classify_body()), 404, "nope")
-        r = await client.post(
-            "/v2/models/classify/infer", content=b"{not json", headers={"content-type": "application/json"}
-        )
-        assert_v2_error(r, 400, "JSON")
-        r = await client.post("/v2/models/classify/versions/999/infer", json=classify_body())
-        assert_v2_error(r, 404, "does not serve version '999'")
-        assert_v2_error(await client.get("/v2/nothing/here"), 404)
-        assert_v2_error(await client.put("/v2/models/classify/infer", json={}), 405)
-        # The native routes keep their own body.
-        native = (await client.post("/classify", json={"text": ""})).json()
-        assert native["error"] == "invalid_request" and "fields" in native
+async def test_other_failures_under_v2_have_the_v2_body(served):
+    _, client = served
+    assert_v2_error(await client.post("/v2/models/nope/infer", json=classify_body()), 404, "nope")
+    r = await client.post(
+        "/v2/models/classify/infer", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert_v2_error(r, 400, "JSON")
+    r = await client.post("/v2/models/classify/versions/999/infer", json=classify_body())
+    assert_v2_error(r, 404, "does not serve version '999'")
+    assert_v2_error(await client.get("/v2/nothing/here"), 404)
+    assert_v2_error(await client.put("/v2/models/classify/infer", json={}), 405)
+    # The native routes keep their own body.
+    native = (await client.post("/classify", json={"text": ""})).json()
+    assert native["error"] == "invalid_request" and "fields" in native
 
 
 async def test_v2_requests_are_counted_by_route_not_by_name(models_dir):

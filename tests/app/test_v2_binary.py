@@ -57,35 +57,33 @@ def read_binary(response) -> dict[str, list]:
 
 
 @pytest.mark.parametrize("task", list(ROWS))
-async def test_binary_inputs_and_outputs_answer_as_json_does(models_dir, task):
+async def test_binary_inputs_and_outputs_answer_as_json_does(served, task):
     request = v2_request(task, ROWS[task])
-    async with serving(models_dir) as (_, client):
-        path = f"/v2/models/{task}/infer"
-        plain = await client.post(path, json=request)
-        assert plain.status_code == 200 and HEADER.lower() not in plain.headers
-        expected = {name: o["data"] for name, o in by_name(plain.json()).items()}
-        body, headers = binary_body(request)
-        r = await client.post(path, content=body, headers=headers)  # binary in, JSON out
-        assert r.status_code == 200, r.text
-        assert r.json() == plain.json()
-        every = {**request, "parameters": {**request.get("parameters", {}), "binary_data_output": True}}
-        body, headers = binary_body(every)
-        r = await client.post(path, content=body, headers=headers)  # binary in, binary out
-        assert r.status_code == 200, r.text
-        assert r.headers["content-type"] == "application/octet-stream"
-        got = read_binary(r)
-        assert list(got) == list(expected)
-        for name, values in expected.items():
-            assert got[name] == pytest.approx(values), name
-        # JSON in, one output binary: `binary_data` on the output wins over binary_data_output.
-        name = list(expected)[0]
-        outputs = [{"name": n, "parameters": {"binary_data": n == name}} for n in expected]
-        r = await client.post(path, json={**every, "outputs": outputs})
-        header = json.loads(r.content[: int(r.headers[HEADER])])
-        assert [("data" in o) for o in header["outputs"]] == [n != name for n in expected]
-        assert by_name(header)[name]["parameters"]["binary_data_size"] == len(r.content) - int(
-            r.headers[HEADER]
-        )
+    _, client = served
+    path = f"/v2/models/{task}/infer"
+    plain = await client.post(path, json=request)
+    assert plain.status_code == 200 and HEADER.lower() not in plain.headers
+    expected = {name: o["data"] for name, o in by_name(plain.json()).items()}
+    body, headers = binary_body(request)
+    r = await client.post(path, content=body, headers=headers)  # binary in, JSON out
+    assert r.status_code == 200, r.text
+    assert r.json() == plain.json()
+    every = {**request, "parameters": {**request.get("parameters", {}), "binary_data_output": True}}
+    body, headers = binary_body(every)
+    r = await client.post(path, content=body, headers=headers)  # binary in, binary out
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/octet-stream"
+    got = read_binary(r)
+    assert list(got) == list(expected)
+    for name, values in expected.items():
+        assert got[name] == pytest.approx(values), name
+    # JSON in, one output binary: `binary_data` on the output wins over binary_data_output.
+    name = list(expected)[0]
+    outputs = [{"name": n, "parameters": {"binary_data": n == name}} for n in expected]
+    r = await client.post(path, json={**every, "outputs": outputs})
+    header = json.loads(r.content[: int(r.headers[HEADER])])
+    assert [("data" in o) for o in header["outputs"]] == [n != name for n in expected]
+    assert by_name(header)[name]["parameters"]["binary_data_size"] == len(r.content) - int(r.headers[HEADER])
 
 
 def raw_request(inputs: list[tuple[dict, bytes]], header_length: int | str | None = None, tail: bytes = b""):
@@ -176,35 +174,35 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))
-async def test_malformed_binary_bodies_get_400_naming_the_problem(models_dir, case):
+async def test_malformed_binary_bodies_get_400_naming_the_problem(served, case):
     (body, headers), needles = MALFORMED[case]
-    async with serving(models_dir) as (_, client):
-        r = await client.post("/v2/models/classify/infer", content=body, headers=headers)
-        assert_v2_error(r, 400, *needles)
-        # The service keeps serving.
-        assert (
-            await client.post("/v2/models/classify/infer", json={"inputs": [tensor("text", TEXTS)]})
-        ).status_code == 200
+    _, client = served
+    r = await client.post("/v2/models/classify/infer", content=body, headers=headers)
+    assert_v2_error(r, 400, *needles)
+    # The service keeps serving.
+    assert (
+        await client.post("/v2/models/classify/infer", json={"inputs": [tensor("text", TEXTS)]})
+    ).status_code == 200
 
 
-async def test_binary_size_without_the_header_and_bad_flags(models_dir):
-    async with serving(models_dir) as (_, client):
-        body = {"inputs": [{**tensor("text", TEXTS), "parameters": {"binary_data_size": 9}}]}
-        r = await client.post("/v2/models/classify/infer", json=body)
-        assert_v2_error(r, 400, "both `data` and binary_data_size")
-        del body["inputs"][0]["data"]
-        r = await client.post("/v2/models/classify/infer", json=body)
-        assert_v2_error(r, 400, "no Inference-Header-Content-Length header")
-        plain = {"inputs": [tensor("text", TEXTS)]}
-        r = await client.post(
-            "/v2/models/classify/infer", json={**plain, "parameters": {"binary_data_output": 1}}
-        )
-        assert_v2_error(r, 400, "binary_data_output must be true or false")
-        r = await client.post(
-            "/v2/models/classify/infer",
-            json={**plain, "outputs": [{"name": "label", "parameters": {"binary_data": "yes"}}]},
-        )
-        assert_v2_error(r, 400, "output 'label': binary_data must be true or false")
+async def test_binary_size_without_the_header_and_bad_flags(served):
+    _, client = served
+    body = {"inputs": [{**tensor("text", TEXTS), "parameters": {"binary_data_size": 9}}]}
+    r = await client.post("/v2/models/classify/infer", json=body)
+    assert_v2_error(r, 400, "both `data` and binary_data_size")
+    del body["inputs"][0]["data"]
+    r = await client.post("/v2/models/classify/infer", json=body)
+    assert_v2_error(r, 400, "no Inference-Header-Content-Length header")
+    plain = {"inputs": [tensor("text", TEXTS)]}
+    r = await client.post(
+        "/v2/models/classify/infer", json={**plain, "parameters": {"binary_data_output": 1}}
+    )
+    assert_v2_error(r, 400, "binary_data_output must be true or false")
+    r = await client.post(
+        "/v2/models/classify/infer",
+        json={**plain, "outputs": [{"name": "label", "parameters": {"binary_data": "yes"}}]},
+    )
+    assert_v2_error(r, 400, "output 'label': binary_data must be true or false")
 
 
 async def test_the_body_limit_holds_for_binary_bodies(models_dir):

@@ -177,6 +177,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def shown(path: Path) -> str:
+    """A path as results record it: relative to the repository where it lies inside (no machine paths)."""
+    try:
+        return str(path.resolve().relative_to(common.ROOT))
+    except ValueError:
+        return path.name
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     models_dir = common.build_tiny_models() if args.tiny else args.models_dir.resolve()
@@ -221,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "generated": common.now(),
         "command": "python -m benchmarks.soak " + " ".join(sys.argv[1:] if argv is None else argv),
-        "models_dir": str(models_dir),
+        "models_dir": shown(models_dir),
         "server_env": {k: "***" if k == "API_KEY" else v for k, v in server_env.items()},
         "probe": {"concurrency": args.probe_concurrency, "duration_s": args.probe_duration},
         "saturation_rps": saturation,
@@ -235,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         "checks": checks,
         "passed": all(checks.values()),
         "server_exit_code": exit_code,
-        "server_log": str(log_path),
+        "server_log": shown(log_path),
         "load": load,  # loadgen's report; its config masks the API key
         "samples": samples,
     }

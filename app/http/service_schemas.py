@@ -51,6 +51,9 @@ class ModelInfo(BaseModel):
     status: str = Field(description="pending | loading | ready | failed | unloading | unloaded")
     error: str | None = None
     default: bool = Field(False, description="Serves requests of its task that name no model")
+    rerank_default: bool = Field(
+        False, description="Serves /rerank and /v1/rerank requests that name no model"
+    )
     version: str | None = Field(None, description="The version serving (X-Model-Version)")
     digest: str | None = None
     memory_mb: float | None = Field(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from app.errors import ServiceError
 from app.http.service_schemas import ModelInfo, ModelsResponse, OpenAIModel, OpenAIModelList, VersionInfo
 from app.models.loader import MB
 from app.models.registry import Model, Registry
@@ -60,6 +61,7 @@ def model_info(registry: Registry, model: Model) -> ModelInfo:
         status=model.status,
         error=model.error,
         default=model.task is not None and registry.default_name(model.task) == model.name,
+        rerank_default=model.task == "classify" and rerank_default(registry) == model.name,
         versions=[VersionInfo(**vars(event)) for event in model.history],
         limits=limits,
     )
@@ -98,3 +100,11 @@ def model_info(registry: Registry, model: Model) -> ModelInfo:
             limits=limits,
         )
     )
+
+
+def rerank_default(registry: Registry) -> str | None:
+    """The model /rerank serves when none is named, or None while there is no single one."""
+    try:
+        return registry.reranker(None)
+    except ServiceError:
+        return None

@@ -269,6 +269,10 @@ async def test_a_bundle_marked_reranker_is_rerank_s_default_and_not_classify_s(a
         assert await defaults_served(client) == ("sst2", "ranker", "ranker")
         named = await post(client, "/classify", {"model": "ranker", "inputs": [{"text": QUERY}]})
         assert named.headers["x-model"] == "ranker"
+        listed = {m["name"]: m for m in (await client.get("/models")).json()["models"]}
+        assert (listed["sst2"]["default"], listed["sst2"]["rerank_default"]) == (True, False)
+        assert (listed["ranker"]["default"], listed["ranker"]["rerank_default"]) == (False, True)
+        assert listed["embedder"]["rerank_default"] is False
     async with serving(tmp_path, default_bundles="classify=ranker,rerank=sst2") as (_, client):
         assert await defaults_served(client) == ("ranker", "sst2", "sst2")
 
@@ -281,8 +285,10 @@ async def test_two_rerankers_leave_rerank_without_a_default(app_bundles, tmp_pat
         classify = await post(client, "/classify", {"inputs": [{"text": QUERY}]})
         refused = (await post(client, "/rerank", {"query": QUERY, "texts": TEXTS}, 422)).json()
         chosen = await post(client, "/rerank", {"query": QUERY, "texts": TEXTS, "model": "ranker2"})
+        listed = (await client.get("/models")).json()["models"]
     assert classify.headers["x-model"] == "sst2"
     assert refused["error"] == "model_required" and "ranker, ranker2" in refused["message"]
+    assert not any(m["rerank_default"] for m in listed)  # none while the choice is ambiguous
     assert chosen.headers["x-model"] == "ranker2"
 
 

@@ -155,7 +155,8 @@ async def run_leased(
             key = Key(bundle.name, bundle.version, request.url.path, cache_as)
             hit = cache.get(key)
             if hit is not None:
-                return cached(response, bundle, hit, "hit")
+                response.raw_headers.extend(answer_headers(bundle, dict(hit.headers)))
+                return cached(response, hit, "hit")
         timings = Timings(schedule)
         work_task = asyncio.ensure_future(work(bundle, timings))
         watcher = asyncio.ensure_future(_wait_for_disconnect(request))
@@ -171,27 +172,26 @@ async def run_leased(
     timings.observe(state.metrics, bundle.task, bundle.name)
     # Inference (not /tokenize) gets text-embeddings-inference's timing headers too. Raw pairs, one
     # extend: setting them one by one through response.headers scans the list for each.
-    raw = timings.raw_headers(tei=task is not None)
-    raw.append((b"x-model", bundle.name.encode("latin-1")))
-    raw.append((b"x-model-version", bundle.version.encode("latin-1")))
-    extra = getattr(result, "_headers", None)  # e.g. what happened to long inputs
-    if extra:
-        raw += [(key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in extra.items()]
-    response.raw_headers.extend(raw)
-    if cache is not None:
-        entry = Entry(serialized(request, result), tuple((getattr(result, "_headers", None) or {}).items()))
-        # Only a version still in service stores: a swapped-out one's entries are already dropped.
-        if getattr(state.registry.models.get(bundle.name), "current", None) is bundle:
-            cache.put(key, entry)
-        return cached(response, bundle, entry, "miss")
-    return result
+    extra = getattr(result, "_headers", None) or {}  # e.g. what happened to long inputs
+    response.raw_headers.extend(timings.raw_headers(tei=task is not None) + answer_headers(bundle, extra))
+    if cache is None:
+        return result
+    entry = Entry(serialized(request, result), tuple(extra.items()))
+    # Only a version still in service stores: a swapped-out one's entries are already dropped.
+    if getattr(state.registry.models.get(bundle.name), "current", None) is bundle:
+        cache.put(key, entry)
+    return cached(response, entry, "miss")
 
 
-def cached(response: Response, bundle: Bundle, entry: Entry, outcome: str) -> Response:
+def answer_headers(bundle: Bundle, extra: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """X-Model, X-Model-Version and the answer's own headers, as raw ASGI pairs."""
+    name, version = bundle.name.encode("latin-1"), bundle.version.encode("latin-1")
+    own = [(key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in extra.items()]
+    return [(b"x-model", name), (b"x-model-version", version), *own]
+
+
+def cached(response: Response, entry: Entry, outcome: str) -> Response:
     """A cacheable answer, as the serialized bytes FastAPI would send, with `X-Cache: hit|miss`."""
-    response.headers["X-Model"] = bundle.name
-    response.headers["X-Model-Version"] = bundle.version
-    response.headers.update(dict(entry.headers))
     response.headers["X-Cache"] = outcome
     return Response(entry.body, media_type="application/json", headers=dict(response.headers))
 

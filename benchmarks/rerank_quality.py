@@ -30,6 +30,7 @@ import httpx
 
 from benchmarks import bench_common as common
 from benchmarks.finetune import recipes
+from benchmarks.live_quality import served_variants
 from processing.metrics import ranking_scores
 from train.readers import read_squad
 from train.splits import DataOptions, split_by_group
@@ -100,7 +101,7 @@ def live_scores(url: str, args, questions: list[RankingQuestion]) -> dict[str, l
     with httpx.Client(base_url=url, timeout=120) as client, ThreadPoolExecutor(args.concurrency) as pool:
         reranker = list(pool.map(lambda q: rerank_scores(client, args.route, args.reranker, q), questions))
         encoder = list(pool.map(lambda q: similarity_scores(client, args.embedder, q), questions))
-        served = {m["name"]: m["variant"] for m in client.get("/models").json()["models"]}
+    served = served_variants(url)
     args.variants = {name: served[name] for name in (args.reranker, args.embedder)}
     return {"reranker": reranker, "bi-encoder": encoder}
 

@@ -145,36 +145,64 @@ def test_median_round_keeps_whole_rows_and_every_rounds_throughput():
     assert service_report.median_round([{"error": "boom"}]) == {"error": "boom"}
 
 
-def test_real_servers_alternate_over_rounds_with_answers_compared(tiny_checkpoints, tiny_bundles, tmp_path):
+def quick_run(tmp_path, *args: str) -> tuple[dict, str]:
+    """service_bench on the tiny classify bundle: its report entry for /classify and its markdown."""
     out = tmp_path / "results"
     code = service_bench.main([
-        "--endpoints", "classify", "--concurrency", "1,2", "--rounds", "2", "--duration", "0.3",
-        "--warmup", "0.1", "--model-seconds", "0.1", "--classify-bundle", str(tiny_bundles["classify"]),
-        "--classify-checkpoint", str(tiny_checkpoints["classify"]), "--work-dir", str(tmp_path / "work"),
-        "--out", str(out), "--name", "quick", "--ready-timeout", "60",
+        "--endpoints", "classify", "--duration", "0.3", "--warmup", "0.1", "--model-seconds", "0.1",
+        "--work-dir", str(tmp_path / "work"), "--out", str(out), "--name", "quick", "--ready-timeout", "60",
+        *args,
     ])  # fmt: skip
     assert code == 0
     report = json.loads((out / "quick.json").read_text())
-    entry = report["endpoints"]["classify"]
+    assert (out / "quick.png").stat().st_size > 1000
+    return report["endpoints"]["classify"], (out / "quick.md").read_text()
+
+
+def check_levels(server: dict, concurrency: list[int], rounds: int) -> None:
+    assert server["rounds"] == rounds and len(server["ready_seconds_by_round"]) == rounds
+    assert [r["concurrency"] for r in server["levels"]] == concurrency
+    for row in server["levels"]:
+        assert row["ok"] > 0 and row["errors"] == 0 and row["schema_errors"] == 0
+        assert len(row["throughput_rps_by_round"]) == rounds
+        assert row["throughput_rps"] == min(row["throughput_rps_by_round"])  # lower middle of two
+        split = row["cpu_ms_per_request"]
+        assert split["main_thread"] > 0 and split["other_threads"] >= 0 and split["load_generator"] > 0
+
+
+def test_every_in_repo_server_runs_and_answers_as_ours(tiny_checkpoints, tiny_bundles, tmp_path):
+    """One round of all five: each is loaded at every level and its labels are ours."""
+    entry, text = quick_run(
+        tmp_path, "--concurrency", "1,2", "--classify-bundle", str(tiny_bundles["classify"]),
+        "--classify-checkpoint", str(tiny_checkpoints["classify"]),
+    )  # fmt: skip
     assert set(entry["servers"]) == {"ours", "ours-no-solo", "ours-defaults", "ort", "pipeline"}
     (ours,) = entry["servers"]["ours"]["models"]["models"]  # our /models answered: the real app served it
     assert ours["solo_threads"] == (ours["instances"] if available_cores() >= 2 else None)
     assert "pipeline_server --ort --classify" in entry["servers"]["ort"]["command"]
     for name, server in entry["servers"].items():
-        assert server["rounds"] == 2 and len(server["ready_seconds_by_round"]) == 2
-        assert [r["concurrency"] for r in server["levels"]] == [1, 2]
-        for row in server["levels"]:
-            assert row["ok"] > 0 and row["errors"] == 0 and row["schema_errors"] == 0
-            assert row["throughput_rps"] == min(row["throughput_rps_by_round"])  # lower middle of two
-            split = row["cpu_ms_per_request"]
-            assert split["main_thread"] > 0 and split["other_threads"] >= 0 and split["load_generator"] > 0
+        check_levels(server, [1, 2], rounds=1)
         if name != "ours":  # the same file or checkpoint as ours: the same labels
             assert server["answers"]["labels_agree"] == 1.0
     assert entry["model_only"]["single_request"]["p50_ms"] > 0
     assert set(entry["targets"]) == {"c1_overhead_p50"}  # no c=32 level, no real peer in this run
-    assert (out / "quick.png").stat().st_size > 1000
-    text = (out / "quick.md").read_text()
-    assert "| pipeline | classify c=2 |" in text and "2 rounds, the servers alternating" in text
+    assert "| pipeline | classify c=2 |" in text
+
+
+def test_real_servers_alternate_over_rounds(tiny_bundles, tmp_path, capsys):
+    """Two rounds of two of our servers (the cheap ones to start): the order rotates each round, and
+    every level keeps the round with the lower middle throughput beside both rounds'."""
+    servers = ["ours-no-solo", "ours-defaults"]
+    entry, text = quick_run(
+        tmp_path, "--servers", ",".join(servers), "--rounds", "2", "--concurrency", "1",
+        "--classify-bundle", str(tiny_bundles["classify"]),
+    )  # fmt: skip
+    assert set(entry["servers"]) == set(servers)
+    for server in entry["servers"].values():
+        check_levels(server, [1], rounds=2)
+    started = [line.split(": ")[1] for line in capsys.readouterr().out.splitlines() if " round " in line]
+    assert started == [*servers, *reversed(servers)]
+    assert "2 rounds, the servers alternating" in text
 
 
 def test_ablations_are_our_server_with_settings_alternated_with_the_rest():

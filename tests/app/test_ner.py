@@ -57,8 +57,8 @@ async def test_offsets_on_accents_emoji_tabs_and_spaces(served):
     assert starts == sorted(set(starts))  # one entry per token, in text order
 
 
-async def test_exact_entities_in_awkward_text(models_dir):
-    async with serving(models_dir) as (app, client):
+async def test_exact_entities_in_awkward_text(make_models_dir):
+    async with serving(make_models_dir(("ner",))) as (app, client):  # the one model asked
         install_marker(app)
         out = (await client.post("/ner", json={"text": AWKWARD})).json()
         found = [(e["entity"], e["text"]) for e in out["entities"]]
@@ -73,7 +73,7 @@ async def test_exact_entities_in_awkward_text(models_dir):
         ]
 
 
-async def test_entities_across_windows(models_dir):
+async def test_entities_across_windows(make_models_dir):
     """Every occurrence is found once, wherever it falls relative to the window edges."""
     filler = ["the", "a", "cat", "sat", "on", "mat"]
     words: list[str] = []
@@ -83,7 +83,7 @@ async def test_entities_across_windows(models_dir):
         expected.append(len(" ".join(words)) + 1)
         words += ["john", "smith"]
     text = " ".join(words)
-    async with serving(models_dir) as (app, client):
+    async with serving(make_models_dir(("ner",))) as (app, client):
         install_marker(app)
         out = (await client.post("/ner", json={"text": text})).json()
         assert out["windows"] > 3

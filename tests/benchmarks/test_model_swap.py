@@ -37,7 +37,7 @@ def test_the_verdict_catches_failures_unverified_versions_and_mixed_answers():
 
 
 def test_a_short_live_run_passes(tiny_bundles, tmp_path):
-    argv = ["--bundle", str(tiny_bundles["classify"]), "--clients", "4", "--duration", "3"]
+    argv = ["--bundle", str(tiny_bundles["classify"]), "--clients", "4", "--duration", "1.5"]
     assert main([*argv, "--work", str(tmp_path / "work"), "--out", str(tmp_path), "--name", "swap"]) == 0
     report = json.loads((tmp_path / "swap.json").read_text())
     assert report["served_versions"] == ["1", "2", "3", "4"] and report["verdict"]["failed"] == 0

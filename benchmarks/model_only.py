@@ -33,10 +33,12 @@ WINDOW_OVERLAP = 32
 
 
 class BundleModel:
-    """One bundle variant on CPU with the server's session options: `instances` sessions of
+    """One bundle variant (on CPU unless `device`) with the server's session options: `instances` sessions of
     `threads` intra-op threads each (the server's MODEL_INSTANCES and INTRA_OP_THREADS)."""
 
-    def __init__(self, bundle: str | Path, variant: str = "int8", threads: int = 0, instances: int = 1):
+    def __init__(
+        self, bundle: str | Path, variant: str = "int8", threads: int = 0, instances: int = 1, device: str = "cpu"
+    ):
         self.path = Path(bundle)
         self.manifest = load_bundle_manifest(self.path)
         if variant not in self.manifest.variants:
@@ -49,7 +51,7 @@ class BundleModel:
         path = self.manifest.variant_path(self.path, variant)
         disabled = self.manifest.variants[variant].disabled_optimizers  # as the server loads it
         self.runtimes = [
-            create_runtime(path, "cpu", self.threads, disabled_optimizers=disabled)
+            create_runtime(path, device, self.threads, disabled_optimizers=disabled)
             for _ in range(max(1, instances))
         ]
         self.runtime = self.runtimes[0]

@@ -37,7 +37,12 @@ class BundleModel:
     `threads` intra-op threads each (the server's MODEL_INSTANCES and INTRA_OP_THREADS)."""
 
     def __init__(
-        self, bundle: str | Path, variant: str = "int8", threads: int = 0, instances: int = 1, device: str = "cpu"
+        self,
+        bundle: str | Path,
+        variant: str = "int8",
+        threads: int = 0,
+        instances: int = 1,
+        device: str = "cpu",
     ):
         self.path = Path(bundle)
         self.manifest = load_bundle_manifest(self.path)

@@ -12,12 +12,10 @@
    a line (latency = a + b * chars) and a log-log exponent are fitted: 1 means linear growth.
 
 Articles (`--articles`): the default `trainer:0.15:42` is exactly the validation split that
-`python -m train --validation-fraction 0.15` (seed 42) held out of this file, i.e. articles
-the QA default never trained on. The last 15% of the file by order (`last:0.15`) would mostly be
-training articles under that split, so it is available but not the default. Also accepted: a
-comma list of article indices or titles, or `all`.
-Ours runs in-process (variants `--variants`, default fused (fp32: isolates pre/post-processing)
-and int8 (what the service serves)), or through a running service with `--service-url`.
+`python -m train --validation-fraction 0.15` (seed 42) held out of this file, i.e. articles the QA
+default never trained on; also `last:FRACTION` (file order), `all`, or a comma list of article
+indices or titles. Ours runs in-process (`--variants`, default fused: fp32, isolates pre/post-
+processing, and int8: what the service serves), or through a running service with `--service-url`.
 The baseline is benchmarks/pipeline_server.make_qa_baseline on the bundle's checkpoint.
 Skips (exit 0) when the SQuAD file is absent. Writes benchmarks/results/qa_vs_pipeline{,_quick}.*.
 """
@@ -25,6 +23,7 @@ Skips (exit 0) when the SQuAD file is absent. Writes benchmarks/results/qa_vs_pi
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import sys
@@ -33,22 +32,83 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import bench_common as common
-from benchmarks.qa_data import agreement, build_long_context, select_articles
-from processing.metrics import normalize_answer, squad_scores
+from processing.metrics import normalize_answer, squad_scores, token_f1
 
 DATA = common.ROOT.parent / "shared" / "data" / "squad" / "squad-v1.1-dev-part-b.json"
 SIZES = (1_000, 10_000, 50_000)
+NO_ANSWER = {"text": "", "start": 0, "end": 0}
 Reader = Callable[[str, str], dict[str, Any]]  # (question, context) -> {"text", "start", "end"}
 
 
-def timed(reader: Reader, question: str, context: str, repeats: int) -> tuple[dict[str, Any], float]:
-    answer, times = common.timed(lambda: reader(question, context), repeats)
-    return answer, statistics.median(times)
+# ------------------------------------------------------------------ data (pure: tested exactly)
+def select_articles(examples: list, spec: str) -> tuple[list, str]:
+    """The examples of the articles `spec` names, and a description of the choice."""
+    titles = list(dict.fromkeys(e.group for e in examples))
+    kind, _, rest = spec.partition(":")
+    if spec == "all":
+        chosen = titles
+    elif kind == "trainer":
+        from train.splits import split_by_group
+
+        fraction, _, seed = rest.partition(":")
+        held = split_by_group(examples, float(fraction or 0.15), int(seed or 42))[1]
+        chosen = list(dict.fromkeys(e.group for e in held))
+    elif kind == "last":
+        chosen = titles[len(titles) - math.ceil(float(rest or 0.15) * len(titles)) :]
+    else:
+        chosen = []
+        for item in (x.strip() for x in spec.split(",") if x.strip()):
+            if item not in titles and not (item.isdigit() and int(item) < len(titles)):
+                raise SystemExit(f"--articles: {item!r} is neither an article index (< {len(titles)}) "
+                                 "nor a title")  # fmt: skip
+            chosen.append(titles[int(item)] if item.isdigit() and int(item) < len(titles) else item)
+    keep = set(chosen)
+    described = f"{spec}: {len(chosen)} of {len(titles)} articles {chosen}"
+    return [e for e in examples if e.group in keep], described
 
 
-NO_ANSWER = {"text": "", "start": 0, "end": 0}
+def agreement(ours: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How often two systems give the same answer to the same questions."""
+    if set(ours) != set(theirs):
+        raise ValueError(f"answer sets differ: {len(set(ours) ^ set(theirs))} question ids in only one")
+    n = len(ours)
+    same_span = sum(
+        (ours[q]["start"], ours[q]["end"]) == (theirs[q]["start"], theirs[q]["end"]) for q in ours
+    )
+    differing = [q for q in ours if normalize_answer(ours[q]["text"]) != normalize_answer(theirs[q]["text"])]
+    overlap = [token_f1(ours[q]["text"], theirs[q]["text"]) for q in ours]
+    return {
+        "questions": n,
+        "same_span": same_span,
+        "same_normalized_text": n - len(differing),
+        "same_span_rate": round(same_span / n, 4) if n else None,
+        "same_text_rate": round((n - len(differing)) / n, 4) if n else None,
+        "mean_token_f1_between": round(statistics.fmean(overlap), 4) if n else None,
+        "examples_of_differences": [
+            {"id": q, "ours": ours[q]["text"], "theirs": theirs[q]["text"]} for q in differing[:10]
+        ],
+    }
 
 
+def build_long_context(paragraph: str, fillers: list[str], target: int, rng: random.Random):
+    """About `target` characters: other paragraphs around `paragraph` (at a random slot). Returns the
+    context and where `paragraph` starts in it; exactly `target` long unless the paragraph is longer."""
+    budget = target - len(paragraph)
+    if budget <= 1:
+        return paragraph, 0
+    pool = [f for f in fillers if f != paragraph]
+    if not pool:
+        raise ValueError("need other paragraphs to build a long context")
+    rng.shuffle(pool)
+    chosen, used = [], 0
+    while used < budget:
+        chosen.append(pool[len(chosen) % len(pool)][: budget - used - 1])  # one space joins each filler
+        used += len(chosen[-1]) + 1
+    slot = rng.randint(0, len(chosen))
+    return " ".join([*chosen[:slot], paragraph, *chosen[slot:]]), sum(len(p) + 1 for p in chosen[:slot])
+
+
+# ------------------------------------------------------------------ readers and measurements
 def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tuple[dict[str, Reader], str]:
     """name -> reader (ours in-process per variant, or the service; then transformers), baseline kind."""
     from benchmarks.pipeline_server import make_qa_baseline, qa_settings_from_bundle
@@ -62,8 +122,7 @@ def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tu
         def service(question: str, context: str) -> dict[str, Any]:
             response = client.post("/qa", json={"question": question, "context": context})
             response.raise_for_status()
-            answers = response.json()["answers"]
-            return answers[0] if answers else NO_ANSWER
+            return (response.json()["answers"] or [NO_ANSWER])[0]
 
         readers["service"] = service
     else:
@@ -73,10 +132,9 @@ def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tu
             model = BundleModel(bundle, variant, args.threads)
 
             def ours(question: str, context: str, model=model) -> dict[str, Any]:
-                answers, _ = model.answer(question, context)
-                if not answers:
-                    return NO_ANSWER
-                return {"text": answers[0].text, "start": answers[0].start, "end": answers[0].end}
+                answers = model.answer(question, context)[0]
+                best = answers[0] if answers else None
+                return {"text": best.text, "start": best.start, "end": best.end} if best else NO_ANSWER
 
             readers[f"ours-{variant}"] = ours
     baseline = make_qa_baseline(checkpoint, qa_settings_from_bundle(bundle))
@@ -84,14 +142,14 @@ def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tu
         import torch
 
         torch.set_num_threads(args.threads)
-
-    def transformers(question: str, context: str) -> dict[str, Any]:
-        answers = baseline(question, context)[0]
-        return answers[0] if answers else NO_ANSWER
-
-    readers["transformers"] = transformers
+    readers["transformers"] = lambda question, context: (baseline(question, context)[0] or [NO_ANSWER])[0]
     print(f"baseline: {baseline.kind}", flush=True)
     return readers, baseline.kind
+
+
+def timed(reader: Reader, question: str, context: str, repeats: int) -> tuple[dict[str, Any], float]:
+    answer, times = common.timed(lambda: reader(question, context), repeats)
+    return answer, statistics.median(times)
 
 
 def answer_all(readers: dict[str, Reader], examples: list) -> tuple[dict[str, dict], dict[str, float]]:
@@ -101,8 +159,7 @@ def answer_all(readers: dict[str, Reader], examples: list) -> tuple[dict[str, di
     for name, reader in readers.items():
         seconds = []
         for n, example in enumerate(examples, 1):
-            answer, took = timed(reader, example.question, example.context, 1)
-            predictions[name][example.id] = answer
+            predictions[name][example.id], took = timed(reader, example.question, example.context, 1)
             seconds.append(took)
             if n % 200 == 0:
                 print(f"  {name}: {n}/{len(examples)} questions", flush=True)
@@ -110,47 +167,33 @@ def answer_all(readers: dict[str, Reader], examples: list) -> tuple[dict[str, di
     return predictions, mean_ms
 
 
-def exact(answer: dict[str, Any], golds: list[str]) -> float:
-    return max(float(normalize_answer(answer["text"]) == normalize_answer(g)) for g in golds)
-
-
 def fit_growth(rows: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
     """Linear fit of ms over characters, and the log-log exponent of the per-size means."""
-    per_size = {s: statistics.fmean(r["ms"] for r in rows if r["target_chars"] == s) for s in sizes}
-    chars = {s: statistics.fmean(r["chars"] for r in rows if r["target_chars"] == s) for s in sizes}
+    at = {s: [r for r in rows if r["target_chars"] == s] for s in sizes}
+    per_size = {s: statistics.fmean(r["ms"] for r in at[s]) for s in sizes}
+    chars = {s: statistics.fmean(r["chars"] for r in at[s]) for s in sizes}
     out: dict[str, Any] = {
         "mean_ms_by_size": {str(s): round(v, 3) for s, v in per_size.items()},
         "exact_match_by_size": {
-            str(s): round(statistics.fmean(r["exact_match"] for r in rows if r["target_chars"] == s), 3)
-            for s in sizes
+            str(s): round(statistics.fmean(r["exact_match"] for r in at[s]), 3) for s in sizes
         },
     }
     if len(set(chars.values())) < 2:
         return {**out, "ms_per_1k_chars": None, "intercept_ms": None, "r2": None, "loglog_exponent": None}
     fit = common.linear_fit([r["chars"] for r in rows], [r["ms"] for r in rows])
     exponent = common.power_law_exponent(list(chars.values()), list(per_size.values()))
-    return {
-        **out,
-        "ms_per_1k_chars": round(fit["slope"] * 1e3, 3),
-        "intercept_ms": round(fit["intercept"], 3),
-        "r2": round(fit["r2"], 4),
-        "loglog_exponent": round(exponent, 3),
-    }
+    out["ms_per_1k_chars"], out["intercept_ms"] = round(fit["slope"] * 1e3, 3), round(fit["intercept"], 3)
+    return {**out, "r2": round(fit["r2"], 4), "loglog_exponent": round(exponent, 3)}
 
 
 def latency_scaling(readers: dict[str, Reader], examples: list, args: argparse.Namespace) -> dict[str, Any]:
     """Median latency per (reader, size, question) on built contexts, plus a fit per reader."""
-    rng = random.Random(args.seed)
     fillers = list(dict.fromkeys(e.context for e in examples))
-    picked = rng.sample(examples, min(args.latency_questions, len(examples)))
+    picked = random.Random(args.seed).sample(examples, min(args.latency_questions, len(examples)))
     cases = [
-        (
-            size,
-            example,
-            build_long_context(example.context, fillers, size, random.Random(f"{size}-{example.id}"))[0],
-        )
+        (size, e, build_long_context(e.context, fillers, size, random.Random(f"{size}-{e.id}"))[0])
         for size in args.sizes
-        for example in picked
+        for e in picked
     ]
     rows, fits = [], {}
     for name, reader in readers.items():
@@ -158,25 +201,19 @@ def latency_scaling(readers: dict[str, Reader], examples: list, args: argparse.N
         mine = []
         for size, example, context in cases:
             answer, seconds = timed(reader, example.question, context, args.repeats)
-            golds = [a for a, _ in example.answers]
-            mine.append(
-                {
-                    "reader": name,
-                    "target_chars": size,
-                    "chars": len(context),
-                    "id": example.id,
-                    "ms": round(seconds * 1e3, 3),
-                    "exact_match": exact(answer, golds),
-                }
-            )
+            said = normalize_answer(answer["text"])
+            em = max(float(said == normalize_answer(g)) for g, _ in example.answers)
+            mine.append({"reader": name, "target_chars": size, "chars": len(context), "id": example.id,
+                         "ms": round(seconds * 1e3, 3), "exact_match": em})  # fmt: skip
             print(f"  {name:14} {len(context):6d} chars: {seconds * 1e3:9.1f} ms", flush=True)
         rows += mine
         fits[name] = fit_growth(mine, args.sizes)
     return {"rows": rows, "fits": fits, "questions": [e.id for e in picked]}
 
 
+# ------------------------------------------------------------------ report
 def markdown(report: dict[str, Any]) -> str:
-    s = report["settings"]
+    s, lat = report["settings"], report["latency"]
     lines = [
         "# QA: ours vs transformers",
         "",
@@ -189,74 +226,49 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "| reader | EM | F1 | mean ms / question |",
         "|---|---:|---:|---:|",
-    ]
-    for name, scores in report["scores"].items():
-        lines.append(
-            f"| {name} | {scores['exact_match']:.2f} | {scores['f1']:.2f} | {report['mean_ms'][name]} |"
-        )
-    lines += [
+        *(f"| {name} | {v['exact_match']:.2f} | {v['f1']:.2f} | {report['mean_ms'][name]} |"
+          for name, v in report["scores"].items()),
         "",
         "| ours vs transformers | same span | same text | token F1 between |",
         "|---|---:|---:|---:|",
-    ]
-    for name, a in report["agreement"].items():
-        lines.append(
-            f"| {name} | {a['same_span_rate']:.2%} | {a['same_text_rate']:.2%} | "
-            f"{a['mean_token_f1_between']:.3f} |"
-        )
-    lat = report["latency"]
-    lines += [
+        *(f"| {name} | {a['same_span_rate']:.2%} | {a['same_text_rate']:.2%} "
+          f"| {a['mean_token_f1_between']:.3f} |" for name, a in report["agreement"].items()),
         "",
         f"Latency vs context length ({len(lat['questions'])} questions x {s['repeats']} repeats, median):",
         "",
-        "| reader | "
-        + " | ".join(f"{k} chars ms" for k in s["sizes"])
+        "| reader | " + " | ".join(f"{k} chars ms" for k in s["sizes"])
         + " | ms per 1k chars | intercept ms | R² | log-log exponent | EM by size |",
         "|---|" + "---:|" * (len(s["sizes"]) + 5),
-    ]
+    ]  # fmt: skip
     for name, fit in lat["fits"].items():
         lines.append(
-            f"| {name} | "
-            + " | ".join(str(v) for v in fit["mean_ms_by_size"].values())
+            f"| {name} | " + " | ".join(str(v) for v in fit["mean_ms_by_size"].values())
             + f" | {fit['ms_per_1k_chars']} | {fit['intercept_ms']} | {fit['r2']} "
             f"| {fit['loglog_exponent']} | {' / '.join(map(str, fit['exact_match_by_size'].values()))} |"
-        )
+        )  # fmt: skip
     return "\n".join(lines)
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
     plt = common.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    names = list(report["scores"])
-    em = [report["scores"][n]["exact_match"] for n in names]
-    f1 = [report["scores"][n]["f1"] for n in names]
-    x = range(len(names))
-    left.bar([i - 0.2 for i in x], em, 0.4, label="EM")
-    left.bar([i + 0.2 for i in x], f1, 0.4, label="F1")
-    left.set_xticks(list(x), names)
-    left.set_ylabel("SQuAD score (%)")
-    left.set_title(f"{report['questions']} held-out questions")
+    names, x = list(report["scores"]), range(len(report["scores"]))
+    for shift, metric, label in ((-0.2, "exact_match", "EM"), (0.2, "f1", "F1")):
+        left.bar([i + shift for i in x], [report["scores"][n][metric] for n in names], 0.4, label=label)
+    left.set(xticks=list(x), xticklabels=names, ylabel="SQuAD score (%)",
+             title=f"{report['questions']} held-out questions")  # fmt: skip
     left.legend()
     for name, fit in report["latency"]["fits"].items():
         rows = [r for r in report["latency"]["rows"] if r["reader"] == name]
-        dots = right.plot([r["chars"] for r in rows], [r["ms"] for r in rows], "o", alpha=0.5)[0]
-        xs = sorted({r["chars"] for r in rows})
-        if fit["ms_per_1k_chars"] is None:
-            dots.set_label(name)
-            continue
-        right.plot(
-            xs,
-            [fit["intercept_ms"] + fit["ms_per_1k_chars"] * c / 1e3 for c in xs],
-            "-",
-            color=dots.get_color(),
-            label=f"{name}: {fit['ms_per_1k_chars']} ms/1k chars, exponent {fit['loglog_exponent']}",
-        )
-    right.set_xscale("log")
-    right.set_yscale("log")
-    right.set_xlabel("context length, characters")
-    right.set_ylabel("latency, ms")
+        dots = right.plot([r["chars"] for r in rows], [r["ms"] for r in rows], "o", alpha=0.5, label=name)[0]
+        if fit["ms_per_1k_chars"] is not None:
+            xs = sorted({r["chars"] for r in rows})
+            dots.set_label(f"{name}: {fit['ms_per_1k_chars']} ms/1k chars, exponent {fit['loglog_exponent']}")
+            line = [fit["intercept_ms"] + fit["ms_per_1k_chars"] * c / 1e3 for c in xs]
+            right.plot(xs, line, "-", color=dots.get_color())
+    right.set(xscale="log", yscale="log", xlabel="context length, characters", ylabel="latency, ms",
+              title="latency vs context length (line = linear fit)")  # fmt: skip
     right.legend(fontsize=8)
-    right.set_title("latency vs context length (line = linear fit)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -266,11 +278,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--data", type=Path, default=DATA)
-    p.add_argument(
-        "--articles",
-        default="trainer:0.15:42",
-        help="trainer[:FRACTION[:SEED]], last[:FRACTION], all, or a comma list of article indices/titles",
-    )
+    p.add_argument("--articles", default="trainer:0.15:42", help="trainer[:FRAC[:SEED]], last[:FRAC], all, "
+                   "or a comma list of article indices/titles")  # fmt: skip
     p.add_argument("--limit", type=int, help="at most this many questions (default all; quick 30)")
     p.add_argument("--bundle", type=Path, default=common.default_bundle("qa"))
     p.add_argument("--checkpoint", default="auto", help="baseline checkpoint (auto: the bundle's source)")
@@ -320,42 +329,23 @@ def main(argv: list[str] | None = None) -> int:
     readers, baseline_kind = make_readers(args, bundle, checkpoint)
     predictions, mean_ms = answer_all(readers, examples)
     gold = {e.id: [a for a, _ in e.answers] for e in examples}
-    scores = {
-        name: squad_scores({q: a["text"] for q, a in answers.items()}, gold)
-        for name, answers in predictions.items()
-    }
-    agree = {
-        name: agreement(predictions[name], predictions["transformers"])
-        for name in readers
-        if name != "transformers"
-    }
+    scores = {n: squad_scores({q: a["text"] for q, a in p.items()}, gold) for n, p in predictions.items()}
     print(f"scores {scores}", flush=True)
-    latency = latency_scaling(readers, examples, args)
+    theirs = predictions["transformers"]
+    command = " ".join(["python -m benchmarks.qa_vs_pipeline", *(sys.argv[1:] if argv is None else argv)])
+    settings = {"command": command, "quick": args.quick, "data": str(args.data), "articles": described,
+                "bundle": str(bundle), "checkpoint": str(checkpoint), "checkpoint_source": how}  # fmt: skip
+    settings |= {k: getattr(args, k) for k in ("variants", "service_url", "sizes", "repeats")}
+    settings |= {"baseline": baseline_kind, "threads": args.threads, "seed": args.seed}
     report = {
         "created_at": common.now(),
         "machine": common.machine_info(args.threads or None),
-        "settings": {
-            "command": "python -m benchmarks.qa_vs_pipeline "
-            + " ".join(argv if argv is not None else sys.argv[1:]),
-            "quick": args.quick,
-            "data": str(args.data),
-            "articles": described,
-            "bundle": str(bundle),
-            "checkpoint": str(checkpoint),
-            "checkpoint_source": how,
-            "variants": args.variants,
-            "service_url": args.service_url,
-            "sizes": args.sizes,
-            "repeats": args.repeats,
-            "baseline": baseline_kind,
-            "threads": args.threads,
-            "seed": args.seed,
-        },
+        "settings": settings,
         "questions": len(examples),
         "scores": scores,
         "mean_ms": mean_ms,
-        "agreement": agree,
-        "latency": latency,
+        "agreement": {n: agreement(p, theirs) for n, p in predictions.items() if n != "transformers"},
+        "latency": latency_scaling(readers, examples, args),
     }
     stem = "qa_vs_pipeline_quick" if args.quick else "qa_vs_pipeline"
     common.write_results(args.out, stem, report, markdown(report), lambda path: plot(report, path))

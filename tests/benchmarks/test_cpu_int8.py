@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks import cpu_candidates, cpu_int8
+from benchmarks import cpu_int8
 from export.invariance import batch_invariance
 from export.verify import run_session, verification_cases
 
@@ -18,7 +18,7 @@ def built(tiny_bundles, tmp_path_factory):
     cases = verification_cases("classify", VOCAB, 32)
     calibration = [c.feeds for c in cases]
     work = tmp_path_factory.mktemp("cpu-int8")
-    return cpu_candidates.candidates(tiny_bundles["classify"], work, calibration)[0], cases
+    return cpu_int8.candidates(tiny_bundles["classify"], work, calibration)[0], cases
 
 
 def test_candidates_are_batch_invariant_and_close_to_fp32(built):

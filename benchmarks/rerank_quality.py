@@ -17,11 +17,8 @@ Results: benchmarks/results/rerank_quality.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
-import shlex
-import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,13 +27,12 @@ import httpx
 
 from benchmarks import bench_common as common
 from benchmarks.finetune import recipes
-from benchmarks.live_quality import served_variants
+from benchmarks.live_quality import command, parser, served_variants, service, validation
 from processing.metrics import ranking_scores
 from train.readers import read_squad
 from train.splits import DataOptions, split_by_group
 from train.squad_sentences import RankingQuestion, ranking_questions, sentence_pairs
 
-REPO = Path(__file__).resolve().parent.parent
 WORD = re.compile(r"\w+")
 
 
@@ -101,8 +97,7 @@ def live_scores(url: str, args, questions: list[RankingQuestion]) -> dict[str, l
     with httpx.Client(base_url=url, timeout=120) as client, ThreadPoolExecutor(args.concurrency) as pool:
         reranker = list(pool.map(lambda q: rerank_scores(client, args.route, args.reranker, q), questions))
         encoder = list(pool.map(lambda q: similarity_scores(client, args.embedder, q), questions))
-    served = served_variants(url)
-    args.variants = {name: served[name] for name in (args.reranker, args.embedder)}
+    args.variants = {name: served_variants(url)[name] for name in (args.reranker, args.embedder)}
     return {"reranker": reranker, "bi-encoder": encoder}
 
 
@@ -131,32 +126,21 @@ HISTORY = (
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--route", choices=("rerank", "classify"), default="rerank")
-    parser.add_argument("--url", help="a running service (default: start one on --bundles)")
-    parser.add_argument("--bundles", type=Path, default=REPO / ".cache" / "bundles")
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--reranker", default="rerank-minilm")
-    parser.add_argument("--embedder", default="all-minilm-l6-v2")
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rerank_quality.json")
-    args = parser.parse_args()
+    p = parser(__doc__, concurrency=8)
+    p.add_argument("--route", choices=("rerank", "classify"), default="rerank")
+    p.add_argument("--url", help="a running service (default: start one on --bundles)")
+    p.add_argument("--reranker", default="rerank-minilm")
+    p.add_argument("--embedder", default="all-minilm-l6-v2")
+    args = p.parse_args()
     if not args.data.exists():
         print(f"{args.data} is absent: no SQuAD data to rank; skipping")
         return
     recipe = recipes(args.data)["rerank"]
     questions = held_out_questions(recipe["data"])
-    corpus = sorted({s for q in questions for s in q.sentences})
-    bm25 = BM25(corpus)
+    bm25 = BM25(sorted({s for q in questions for s in q.sentences}))
     scores = {"bm25": [[bm25.score(q.question, s) for s in q.sentences] for q in questions]}
-    if args.url:
-        scores |= live_scores(args.url, args, questions)
-    else:
-        url, running = common.serve_ours(args.bundles, common.WORK / "rerank_quality.log")
-        with running:
-            scores |= live_scores(url, args, questions)
+    with service(args.bundles, "rerank_quality", args.url) as url:
+        scores |= live_scores(url, args, questions)
     relevant = [q.relevant for q in questions]
     results = {name: ranking_scores(zip(s, relevant, strict=True)) for name, s in scores.items()}
     best = {m: max(results[b][m] for b in ("bi-encoder", "bm25")) for m in ("p@1", "mrr")}
@@ -164,7 +148,7 @@ def main() -> None:
     versus = {b: paired(scores["reranker"], scores[b], relevant) for b in ("bm25", "bi-encoder")}
     articles = sorted({q.group for q in questions})
     report = {
-        "command": shlex.join(["python", "-m", "benchmarks.rerank_quality", *sys.argv[1:]]),
+        "command": command("rerank_quality"),
         "machine": common.machine_info(),
         "route": args.route,
         "models": {"reranker": args.reranker, "bi-encoder": args.embedder},
@@ -173,7 +157,7 @@ def main() -> None:
             "articles": articles,
             "questions": len(questions),
             "sentences_per_question": sum(len(q.sentences) for q in questions) / len(questions),
-            "split": common.repo_relative(" ".join(recipe["data"])),
+            "split": validation(recipe),
         },
         "results": results,
         "reranker_beats_both_baselines": beats,
@@ -204,7 +188,7 @@ def main() -> None:
         + ".",
         *([f"\n{HISTORY}"] if args.reranker == "rerank-minilm" else []),
     ]
-    common.write_results(args.out.parent, args.out.stem, report, "\n".join(lines), None)
+    common.write_results(args.out, "rerank_quality", report, "\n".join(lines), None)
     print("\n".join(lines))
 
 

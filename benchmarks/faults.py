@@ -1,23 +1,16 @@
 """Faults injected into the running deployment under load: kill -9 of a replica, a rolling restart,
-and Prometheus' view of it all.
+and Prometheus' view of it all (deploy/README.md, "Faults under load").
 
     .venv/bin/python -m benchmarks.faults                          # default bundles, 3 replicas, 32 clients
     .venv/bin/python -m benchmarks.faults --tiny --quick --name faults_smoke   # test-size models, short
     .venv/bin/python -m benchmarks.faults --stack compose          # deploy/docker-compose.yml as containers
 
-Brings up the compose topology locally (deploy/local/stack.py: 3 replicas on MODELS_DIR, nginx with
-deploy/nginx/nginx.conf, Prometheus with deploy/prometheus/prometheus.yml), then, with 32 closed-loop
-clients sending the loadgen mix (classify, NER, multiple choice, QA) through nginx:
-
-1. steady: no fault. Prometheus, queried through its HTTP API, must show every replica's target up
-   and the replicas' request counters must add up to exactly the requests the clients sent;
-2. kill -9: one replica is killed mid-load, and started again after a while (compose's restart policy);
-3. rolling restart: each replica in turn gets SIGTERM, is started again once it has exited, and the
-   roll moves on once it answers /ready.
-
-Every response and every connection error is counted; a run passes when no request failed. The
-nginx access log tells how many requests nginx retried on another replica. Writes
-benchmarks/results/<name>.{json,md,png}; exit status 0 only when every check held.
+The compose topology (3 replicas, nginx, Prometheus) under 32 closed-loop clients sending the loadgen
+mix through nginx, in three phases: steady (Prometheus must see every replica up and count exactly the
+requests the clients sent), kill -9 of a replica (started again after a while, as compose's restart
+policy does), and a rolling restart (SIGTERM, start again, wait for /ready, next). Every failed answer,
+connection error and timeout is counted, and how many requests nginx retried on another replica.
+Writes benchmarks/results/<name>.{json,md,png}; exit status 0 only when every check held.
 """
 
 from __future__ import annotations
@@ -46,9 +39,7 @@ PHASES = ("steady", "kill9", "rolling_restart")
 
 
 @dataclass
-class Timing:
-    """Phase lengths in seconds. The defaults are the full benchmark; QUICK is the test suite's."""
-
+class Timing:  # seconds; the defaults are the full benchmark, QUICK the test suite's
     steady_requests: int = 2000
     kill_after_s: float = 10.0
     down_for_s: float = 10.0
@@ -67,7 +58,7 @@ def scenarios(stack: Any, timing: Timing) -> dict[str, Any]:
     """Each phase's faults, as a coroutine on its Run."""
 
     async def steady(run: rel.Run) -> None:
-        while len(run.rows) < timing.steady_requests:  # rows land as responses arrive
+        while len(run.samples) < timing.steady_requests:  # samples land as responses arrive
             await asyncio.sleep(0.05)
 
     async def restart(run: rel.Run, index: int, sig: signal.Signals, what: str) -> None:
@@ -156,14 +147,14 @@ async def run_phases(stack: Any, clients: int, timing: Timing) -> dict[str, Any]
     for seed, (name, faults) in enumerate(scenarios(stack, timing).items()):
         log_offset = len(stack.nginx_log())
         config = LoadConfig(stack.url, None, timing.max_phase_s, concurrency=clients, timeout_s=60, seed=seed)
-        run, samples = rel.Run(name), []
+        run = rel.Run(name)
 
-        def load(stop: asyncio.Event, config=config, samples=samples) -> Any:
-            return run_load(config, stop=stop, samples=samples)
+        def load(stop: asyncio.Event, config=config, run=run) -> Any:
+            return run_load(config, stop=stop, samples=run.samples)
 
         report = await rel.under_load(run, load, faults, 0.0 if name == "steady" else timing.tail_s)
         run.rows = [(s.sent_at - run.started, s.latency_s, s.status[0] == "2" and not s.schema_error, None)
-                    for s in samples]  # fmt: skip
+                    for s in run.samples]  # fmt: skip
         # nginx passed a request to more than one replica: `up=a, b` in its access log
         retried = len(re.findall(r" up=[^ \n]+, ", stack.nginx_log()[log_offset:]))
         results[name] = summary(run, report, retried)

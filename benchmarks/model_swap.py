@@ -4,18 +4,13 @@ is offered once) while 32 clients keep sending requests to it.
     .venv/bin/python -m benchmarks.model_swap                  # sst2-minilm, 32 clients, 60 s
     .venv/bin/python -m benchmarks.model_swap --quick          # the tests' tiny bundle, 8 clients, 8 s
 
-Builds MODELS_DIR with `sst2/1` from --bundle, starts `uvicorn app.main:app` with an
-ADMIN_API_KEY, and runs --clients closed-loop clients against `/classify` with `"model": "sst2"`.
-At a fifth, two fifths and three fifths of the run, version n+1 is written to `sst2/<n+1>` and
-loaded through `POST /admin/models/sst2/load`; at four fifths a version whose int8 graph has one
-byte flipped is offered the same way and must be refused while the previous one keeps serving.
-
-Every version carries its own labels (`negative@v2`, ...; the weights are the same files), so an
-answer shows which version computed it as well as which one its `X-Model-Version` header names.
-Passes (exit 0) when no request failed, every answer came from a version the server verified
-and put in service (the header is one of them and the labels agree with it), the corrupted
-version was refused and never answered, and each good version answered after its swap.
-Writes benchmarks/results/model_swap.{json,md,png} (`--quick`: model_swap_quick.*).
+--clients closed-loop clients on `/classify` (`"model": "sst2"`, MODELS_DIR holding `sst2/1` from
+--bundle); at 1/5, 2/5 and 3/5 of the run version n+1 is written and loaded through
+`POST /admin/models/sst2/load`, at 4/5 a version with one byte of its graph flipped, which must be
+refused. Each version's labels carry it (`negative@v2`), so an answer shows which version computed it
+beside its `X-Model-Version`. Passes (exit 0) when no request failed, every answer came from a version
+the server verified (header and labels agree), the corrupted one was refused and never answered, and
+each good version answered. Writes benchmarks/results/model_swap{,_quick}.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -76,19 +71,19 @@ def write_version(models_dir: Path, source: Path, version: int, corrupted: bool 
     return target
 
 
-async def client(pool: ConnectionPool, n: int, run: rel.Run, stop: asyncio.Event, samples: list) -> None:
+async def client(pool: ConnectionPool, n: int, run: rel.Run, stop: asyncio.Event) -> None:
     while not stop.is_set():
         t0 = time.perf_counter()
         sample = {"t": round(t0 - run.started, 4), "ms": None, "status": 0, "version": None, "label": None}
         try:
             response = await pool.request(post_json("/classify", {"text": TEXTS[n % 6], "model": MODEL}), 30)
         except (HTTPError, TimeoutError, OSError) as e:
-            samples.append({**sample, "error": repr(e)})
+            run.samples.append({**sample, "error": repr(e)})
             continue
         finally:
             n += 1
         ok = response.status == 200
-        samples.append({
+        run.samples.append({
             **sample,
             "ms": round((time.perf_counter() - t0) * 1000, 2),
             "status": response.status,
@@ -105,7 +100,7 @@ async def drive(args: argparse.Namespace, port: int, key: str, models_dir: Path,
         models = (await control.request(encode_request("GET", "/models"))).json()["models"]
         return next(m for m in models if m["name"] == MODEL)
 
-    served, samples, run = [(await listed())["version"]], [], rel.Run(MODEL)
+    served, run = [(await listed())["version"]], rel.Run(MODEL)
     auth = {"Authorization": f"Bearer {key}"}
 
     async def swaps(run: rel.Run) -> None:
@@ -127,11 +122,11 @@ async def drive(args: argparse.Namespace, port: int, key: str, models_dir: Path,
         await asyncio.sleep(max(0.0, run.started + args.duration - time.perf_counter()))
 
     def load(stop: asyncio.Event) -> Any:
-        return asyncio.gather(*(client(pool, i, run, stop, samples) for i in range(args.clients)))
+        return asyncio.gather(*(client(pool, i, run, stop) for i in range(args.clients)))
 
     await rel.under_load(run, load, swaps)
-    run.rows = [(s["t"], s["ms"] and s["ms"] / 1e3, s["status"] == 200, s["version"]) for s in samples]
-    return {"run": run, "samples": samples, "served_versions": served, "final_model": await listed()}
+    run.rows = [(s["t"], s["ms"] and s["ms"] / 1e3, s["status"] == 200, s["version"]) for s in run.samples]
+    return {"run": run, "served_versions": served, "final_model": await listed()}
 
 
 def judge(samples: list[dict[str, Any]], served: list[str], events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -240,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     with running as pid:
         result = asyncio.run(drive(args, int(url.rsplit(":", 1)[1]), key, models_dir, pid))
     run, final = result["run"], result["final_model"]
-    verdict = judge(result["samples"], result["served_versions"], run.events)
+    verdict = judge(run.samples, result["served_versions"], run.events)
     report = {
         "command": rel.command("model_swap", argv),
         "date": common.now(),

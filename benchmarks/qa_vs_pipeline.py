@@ -2,7 +2,6 @@
 
     .venv/bin/python -m benchmarks.qa_vs_pipeline            # held-out SQuAD articles, 1k/10k/50k contexts
     .venv/bin/python -m benchmarks.qa_vs_pipeline --quick    # smoke run (30 questions, 1 latency question)
-    .venv/bin/python -m benchmarks.qa_vs_pipeline --quick --dev-models   # before the defaults exist
 
 1. Answers: every question of the selected SQuAD articles goes through both; we report how often
    they agree (same character span, same normalised text, token F1 between the two) and the EM/F1 of
@@ -15,7 +14,7 @@ Articles (`--articles`): the default `trainer:0.15:42` is exactly the validation
 `python -m train --validation-fraction 0.15` (seed 42) held out of this file, i.e. articles the QA
 default never trained on; also `last:FRACTION` (file order), `all`, or a comma list of article
 indices or titles. Ours runs in-process (`--variants`, default fused: fp32, isolates pre/post-
-processing, and int8: what the service serves), or through a running service with `--service-url`.
+processing, and int8: what the service serves; the live service's QA scores: live_quality.py).
 The baseline is benchmarks/pipeline_server.make_qa_baseline on the bundle's checkpoint.
 Skips (exit 0) when the SQuAD file is absent. Writes benchmarks/results/qa_vs_pipeline{,_quick}.*.
 """
@@ -110,33 +109,20 @@ def build_long_context(paragraph: str, fillers: list[str], target: int, rng: ran
 
 # ------------------------------------------------------------------ readers and measurements
 def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tuple[dict[str, Reader], str]:
-    """name -> reader (ours in-process per variant, or the service; then transformers), baseline kind."""
+    """name -> reader (ours in-process per variant, then transformers), and the baseline's kind."""
+    from benchmarks.model_only import BundleModel
     from benchmarks.pipeline_server import make_qa_baseline, qa_settings_from_bundle
 
     readers: dict[str, Reader] = {}
-    if args.service_url:
-        import httpx
+    for variant in args.variants:
+        model = BundleModel(bundle, variant, args.threads)
 
-        client = httpx.Client(base_url=args.service_url, timeout=300)
+        def ours(question: str, context: str, model=model) -> dict[str, Any]:
+            answers = model.answer(question, context)[0]
+            best = answers[0] if answers else None
+            return {"text": best.text, "start": best.start, "end": best.end} if best else NO_ANSWER
 
-        def service(question: str, context: str) -> dict[str, Any]:
-            response = client.post("/qa", json={"question": question, "context": context})
-            response.raise_for_status()
-            return (response.json()["answers"] or [NO_ANSWER])[0]
-
-        readers["service"] = service
-    else:
-        from benchmarks.model_only import BundleModel
-
-        for variant in args.variants:
-            model = BundleModel(bundle, variant, args.threads)
-
-            def ours(question: str, context: str, model=model) -> dict[str, Any]:
-                answers = model.answer(question, context)[0]
-                best = answers[0] if answers else None
-                return {"text": best.text, "start": best.start, "end": best.end} if best else NO_ANSWER
-
-            readers[f"ours-{variant}"] = ours
+        readers[f"ours-{variant}"] = ours
     baseline = make_qa_baseline(checkpoint, qa_settings_from_bundle(bundle))
     if args.threads:
         import torch
@@ -284,13 +270,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bundle", type=Path, default=common.default_bundle("qa"))
     p.add_argument("--checkpoint", default="auto", help="baseline checkpoint (auto: the bundle's source)")
     p.add_argument("--variants", default="fused,int8", help="our bundle variants to run in-process")
-    p.add_argument("--service-url", help="ask a running service instead of running ours in-process")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="context lengths, characters")
     p.add_argument("--latency-questions", type=int, help="questions per size (default 5; quick 1)")
     p.add_argument("--repeats", type=int, help="timed runs per point (default 3; quick 1)")
     p.add_argument("--threads", type=int, default=0, help="ORT and torch threads (0 = defaults)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dev-models", action="store_true", help="MiniLM with a random QA head")
     p.add_argument("--work-dir", type=Path, default=common.WORK)
     p.add_argument("--out", type=Path, default=common.RESULTS)
     args = p.parse_args(argv)
@@ -314,13 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from train.readers import read_squad
 
-    if args.dev_models:
-        checkpoint_dir, bundle = common.build_dev_models(["qa"], args.work_dir)["qa"]
-        requested: str | None = str(checkpoint_dir)
-    else:
-        bundle, requested = args.bundle, args.checkpoint
-    common.require_bundle(bundle, "qa")
-    checkpoint, how = common.resolve_checkpoint(bundle, requested, "qa", args.work_dir)
+    bundle = common.require_bundle(args.bundle, "qa")
+    checkpoint, how = common.resolve_checkpoint(bundle, args.checkpoint, "qa", args.work_dir)
     examples, described = select_articles(list(read_squad(args.data)), args.articles)
     examples = [e for e in examples if e.answers]  # SQuAD v2 unanswerable questions are out of scope
     print(f"articles {described}; {len(examples)} questions", flush=True)
@@ -335,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m benchmarks.qa_vs_pipeline", *(sys.argv[1:] if argv is None else argv)])
     settings = {"command": command, "quick": args.quick, "data": str(args.data), "articles": described,
                 "bundle": str(bundle), "checkpoint": str(checkpoint), "checkpoint_source": how}  # fmt: skip
-    settings |= {k: getattr(args, k) for k in ("variants", "service_url", "sizes", "repeats")}
+    settings |= {k: getattr(args, k) for k in ("variants", "sizes", "repeats")}
     settings |= {"baseline": baseline_kind, "threads": args.threads, "seed": args.seed}
     report = {
         "created_at": common.now(),

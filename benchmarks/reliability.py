@@ -17,10 +17,12 @@ Row = tuple[float, float | None, bool, str | None]  # (s since the start, latenc
 
 
 class Run:
-    """One stretch of load: its requests as Rows and its events, timed from one start."""
+    """One stretch of load, timed from one start: its clients' samples as they arrive, its events, and
+    (once over) its requests as Rows."""
 
     def __init__(self, name: str = "") -> None:
         self.name, self.started = name, time.perf_counter()
+        self.samples: list[Any] = []
         self.rows: list[Row] = []
         self.events: list[dict[str, Any]] = []
 

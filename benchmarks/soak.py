@@ -3,13 +3,10 @@
     .venv/bin/python -m benchmarks.soak --models-dir models                  # 30 minutes
     .venv/bin/python -m benchmarks.soak --tiny --duration 60 --name soak_quick  # 1-minute smoke run
 
-Starts `uvicorn app.main:app` on loopback with MODELS_DIR (other settings from the environment or
---server-env), finds the saturating rate with a short closed-loop run of benchmarks/loadgen.py's
-request mix, then sends that mix open loop at --fraction of it (default 50%) for --duration seconds,
-sampling the server's RSS every --sample-every seconds. Passes (exit 0) when no request failed or
-was dropped and RSS grew less than --max-growth-pct from the end of the warm-up to the end
-(medians of a few minutes at each end, so a transient batch allocation is not counted as growth).
-Writes benchmarks/results/<name>.{json,md,png}.
+Finds the server's saturating rate (a short closed-loop run of loadgen's mix), then sends that mix
+open loop at --fraction of it for --duration seconds, sampling the server's RSS. Passes (exit 0) when
+no request failed or was dropped, RSS grew less than --max-growth-pct after the warm-up, and the
+server shut down cleanly. Writes benchmarks/results/<name>.{json,md,png}.
 """
 
 from __future__ import annotations

@@ -201,24 +201,14 @@ def run_stack(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ output
 def markdown(report: dict[str, Any]) -> str:
-    r = report["results"]
-    where = (
-        "`deploy/docker-compose.yml` itself as podman containers (`deploy/podman/stack.py`: the built "
-        "image's replicas on a read-only root, nginx and Prometheus; kill -9 is `podman kill -s KILL`, the "
-        "roll `podman stop` then `podman start`)"
-        if report["stack"].startswith("deploy/docker-compose.yml")
-        else "The local compose topology (`deploy/local/stack.py`: nginx with `deploy/nginx/nginx.conf`, "
-        "Prometheus with `deploy/prometheus/prometheus.yml`, replicas with the compose environment)"
-    )
-    endpoints = list(r["steady"]["endpoints"])
-    prometheus = r["steady"]["prometheus"]
-    series = r["dashboard_series"]
+    r, series = report["results"], report["results"]["dashboard_series"]
+    endpoints, prometheus = list(r["steady"]["endpoints"]), r["steady"]["prometheus"]
     body = [
-        f"{report['replicas']} replicas, {report['clients']} clients. Models: `{report['models']}`; "
-        f"{report['nginx_conf']}; replica settings {report['replica_env'] or 'the defaults'}.",
-        "",
-        f"{where} under closed-loop load of the loadgen mix (classify, NER, multiple choice, QA). Errors "
-        "count every non-2xx answer, schema violation, connection error and timeout the clients saw.",
+        f"The compose topology as {report['stack']}: {report['replicas']} replicas (models "
+        f"`{report['models']}`, settings {report['replica_env'] or 'the defaults'}), nginx with "
+        f"`deploy/nginx/nginx.conf`, Prometheus; {report['clients']} closed-loop clients on the loadgen mix "
+        "(classify, NER, multiple choice, QA). Errors count every non-2xx answer, schema violation, "
+        "connection error and timeout the clients saw.",
         "",
         "| phase | requests | errors | connection errors | retried by nginx | p50 ms | p99 ms "
         "| p99 ms during the fault | max ms |",
@@ -286,18 +276,17 @@ def main(argv: list[str] | None = None) -> int:
 
         compose = ComposeStack(http_port=free_port(), prometheus_port=free_port())
         results = run_stack(compose, args.clients, timing)
-        stack, models = "deploy/docker-compose.yml as containers (podman-compose)", "the image's defaults"
+        stack, models = "`deploy/docker-compose.yml` run by podman (`deploy/podman/stack.py`)", "the image's"
     else:
         with tempfile.TemporaryDirectory(prefix="faults-") as run_dir:
             results = run_stack(local_stack(models_dir, Path(run_dir) / "stack", **env), args.clients, timing)
-        stack = "host processes (deploy/local/stack.py)"
+        stack = "host processes (`deploy/local/stack.py`)"
         models = ", ".join(sorted(p.parent.name for p in models_dir.glob("*/bundle.json")))
     report = {
         "command": rel.command("faults", argv),
         "date": now(),
         "stack": stack,
         "models": "tiny test bundles" if args.tiny else models,
-        "nginx_conf": "deploy/nginx/nginx.conf as of this commit",
         "replicas": 3,
         "clients": args.clients,
         "replica_env": env,

@@ -1,16 +1,14 @@
 """The batch-invariant INT8 path against ORT's dynamic INT8, side by side in one run
 (`python -m benchmarks.cpu_int8 [--quick]`, on .cache/bundles/sst2-minilm): the bundle's `int8`
-(dynamic, not batch-invariant), `int8-rowwise` (served) and `static per-tensor`, rewritten here from
-the graph the int8 variants start from: one calibrated activation scale per quantized input (its
-largest |value| over SST-2 training sentences), so MatMulIntegerToFloat takes a scalar scale and the
-bias (no row statistics, no rescale or bias pass), Q, K and V as one matmul.
+(dynamic, not batch-invariant) and `int8-rowwise` (served), with `fused` fp32 as the reference.
 
 Speed at (1,128) and (32,128), 1 and 2 threads, in rounds of blocks (an untimed run, then timed ones)
 alternating candidates; headline: CPU time per run (one thread: the calling thread's, where ORT
 computes; two: the process's), which other processes' time slices do not inflate, then wall medians.
 Invariance: SST-2 validation sentences alone against inside padded batches of 1..33 rows, bit for
 bit. Accuracy: SST-2 validation, and logits against fp32. Profile: ORT's per-operator time, one
-thread. Writes benchmarks/results/cpu_int8{,_quick}.*. Retired candidates: docs/decisions.md.
+thread. Writes benchmarks/results/cpu_int8{,_quick}.*. Retired candidates (static per-tensor scales,
+QKV merged, MatMulNBits, QDQ, OpenVINO): docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from benchmarks import bench_common as common
-from export import quantize_rowwise as qr
 from export.verify import make_session
 
 TARGET = 1.05  # issue 30: the invariant path <= 1.05x dynamic INT8 at (1,128) and (32,128)
@@ -37,125 +34,22 @@ INT8 = "int8"
 
 
 class Candidate:
-    def __init__(self, name: str, path: Path, disabled: list[str] | None = None):
-        self.name, self.path, self.disabled = name, path, list(disabled or [])
+    """A variant of the bundle, opened as the service opens it."""
+
+    def __init__(self, bundle: Path, name: str):
+        from export.bundle import load_bundle_manifest
+
+        variant = load_bundle_manifest(bundle).variants[name]
+        self.name, self.path = name, bundle / variant.file
+        self.disabled = list(variant.disabled_optimizers or [])
 
     def session(self, threads: int):
         return make_session(self.path, threads, self.disabled)
 
 
-class StaticScales(qr._Rewriter):
-    """One calibrated activation scale per quantized input (GELU's zero point as in int8-rowwise);
-    Q, K and V as one matmul of the shared input (with its bias), split before MultiHeadAttention."""
-
-    def __init__(self, graph, peaks: dict[str, float]):
-        super().__init__(graph)
-        self.peaks = peaks
-
-    def quantize_rows_of(self, x: str, producer: str | None, width: int) -> tuple[str, str, int]:
-        peak = max(self.peaks[x], qr.TINY)
-        if producer in qr.GELU_OPS:
-            zero_point = qr.GELU_ZERO_POINT
-            step = max(peak / (255 - zero_point), -qr.GELU_MIN / zero_point)
-        else:
-            zero_point, step = qr.ZERO_POINT, peak / qr.QMAX
-        scale = self.const("static_step", np.float32(step))
-        zp = self.const(f"zp{zero_point}", np.uint8(zero_point), True)
-        return self.node("QuantizeLinear", [x, scale, zp], "codes"), scale, zero_point
-
-    def attention(self, node) -> bool:
-        from onnx import helper
-
-        x, weight_name, bias, mask = (list(node.input) + [""] * 4)[:4]
-        weight = self.constant_matrix(weight_name)
-        if weight is None or len(node.input) > 4 or not bias:
-            return False
-        qkv = [self.name(part) for part in "qkv"]
-        sizes = self.const("qkv_sizes", np.array([weight.shape[1] // 3] * 3, np.int64), True)
-        packed = self.node("Add", [self.matmul(x, weight), bias], "qkv_bias")  # into the matmul: fold_bias
-        self.nodes.append(helper.make_node("Split", [packed, sizes], qkv, name=self.name("split"), axis=-1))
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute} | {"domain": qr.MS_DOMAIN}
-        inputs, attrs["name"] = [*qkv, ""] + ([mask] if mask else []), self.name("mha")
-        self.nodes.append(helper.make_node("MultiHeadAttention", inputs, node.output, **attrs))
-        return True
-
-
-def fold_bias(graph) -> int:
-    """MatMulIntegerToFloat with a scalar activation scale, then Add(constant [N]): the bias moves into
-    the matmul's output pass. (Per-row scales cannot take it: the kernel would scale the bias too.)"""
-    from onnx import numpy_helper
-
-    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    consumers = collections.defaultdict(list)
-    for node in graph.node:
-        for name in node.input:
-            consumers[name].append(node)
-    drop = []
-    for node in graph.node:
-        users = consumers[node.output[0]]
-        scalar = node.op_type == "MatMulIntegerToFloat" and consts.get(node.input[2], np.ones(2)).size == 1
-        if not (scalar and len(users) == 1 and users[0].op_type == "Add"):
-            continue
-        bias = [name for name in users[0].input if name != node.output[0]]
-        if len(bias) == 1 and bias[0] in consts and consts[bias[0]].ndim == 1:
-            del node.input[5:]
-            node.input.extend(["", bias[0]])
-            node.output[0] = users[0].output[0]
-            drop.append(users[0])
-    for node in drop:
-        graph.node.remove(node)
-    return len(drop)
-
-
-def rewrite(source: Path, out: Path, peaks: dict[str, float]) -> Path:
-    import onnx
-
-    model = onnx.load(str(source))
-    qr.upgrade_opset(model)
-    StaticScales(model.graph, peaks).rewrite()
-    fold_bias(model.graph)
-    if not any(op.domain == qr.MS_DOMAIN for op in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid(qr.MS_DOMAIN, 1))
-    onnx.checker.check_model(model)
-    onnx.save(model, str(out))
-    return out
-
-
-def calibration_batches(bundle: Path, data: Path, count: int) -> list[dict[str, np.ndarray]]:
-    """SST-2 training sentences (the recipe's training side, never its validation slice), one per batch."""
-    from benchmarks.finetune import recipes
-    from processing.padding import pad_batch
-    from processing.tokenizer import TextTokenizer
-    from train.splits import split_examples
-    from train.train import run_options
-
-    train, _ = split_examples(run_options(recipes(data)["sst2"]["data"]).data)
-    tokenizer = TextTokenizer.from_dir(bundle)
-    picked = np.random.default_rng(0).choice(len(train), size=min(count, len(train)), replace=False)
-    return [pad_batch([tokenizer.encode(train[i].text, max_length=128)]) for i in picked]
-
-
-def candidates(bundle: Path, work: Path, calibration: list[dict[str, np.ndarray]]) -> tuple[list, dict]:
-    """The bundle's fused (accuracy reference), int8 and int8-rowwise, and `static per-tensor`."""
-    from types import SimpleNamespace
-
-    from export import optimize
-    from export.bundle import load_bundle_manifest
-
-    manifest = load_bundle_manifest(bundle)
-    out = [
-        Candidate(v, bundle / manifest.variants[v].file, manifest.variants[v].disabled_optimizers)
-        for v in ("fused", "int8", "int8-rowwise")
-    ]
-    work.mkdir(parents=True, exist_ok=True)
-    source = work / "int8_source.onnx"
-    if not source.exists():
-        fp32 = bundle / manifest.variants["fp32"].file
-        optimize.fuse(fp32, source, SimpleNamespace(**manifest.model), skip_layer_norm=False)
-    disabled = list(optimize.CPU_DISABLED_OPTIMIZERS)
-    peaks = {k: float(v.max()) for k, v in qr.channel_peaks(source, calibration, disabled).items()}
-    out.append(Candidate("static per-tensor", rewrite(source, work / "static.onnx", peaks), disabled))
-    return out, {"static per-tensor": {"calibration_sentences": len(calibration)}}
+def candidates(bundle: Path) -> list[Candidate]:
+    """`fused` (fp32: the accuracy reference, not timed), `int8` and `int8-rowwise`."""
+    return [Candidate(bundle, name) for name in ("fused", INT8, "int8-rowwise")]
 
 
 def feeds(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -327,7 +221,7 @@ def markdown(report: dict[str, Any]) -> str:
         rows += [[op, *(f"{p.get(op, 0):.0f}" for p in prof.values())] for op in ops]
         lines += [f"\n## Operator time, one thread, {shape} (µs per run, each node's fastest run)\n"]
         lines += table(["operator", *prof], rows)
-    return "\n".join([*lines, "", f"Notes: {json.dumps(report['notes'])}"])
+    return "\n".join(lines)
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -360,22 +254,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.block = 2, 2
-    work = common.WORK / "cpu_int8"
     start = list(os.getloadavg())
-    calibration = calibration_batches(args.bundle, args.data, 16 if args.quick else 256)
-    cands, notes = candidates(args.bundle, work, calibration)
+    cands = candidates(args.bundle)
     timed = [c for c in cands if c.name != "fused"]
     command = " ".join(["python -m benchmarks.cpu_int8", *argv])
     report: dict[str, Any] = {"created_at": common.now(), "command": command}
     report["machine"] = common.machine_info()
-    report["notes"] = notes
     print("quality", flush=True)
     report["quality"] = quality(cands, args.bundle, args.data, args.quick)
     report["latency"] = [r for t in THREADS for r in latency(timed, SHAPES, t, args.rounds, args.block)]
     report["ratios"] = ratios(report)
     runs = {(1, 128): 3 if args.quick else 30, (32, 128): 1 if args.quick else 3}
     report["profiles"] = {
-        f"({b},{s})": {c.name: profile(c, b, s, runs[(b, s)]) for c in timed[:3]} for b, s in SHAPES
+        f"({b},{s})": {c.name: profile(c, b, s, runs[(b, s)]) for c in timed} for b, s in SHAPES
     }
     report["load_average"] = {"start": start, "end": list(os.getloadavg())}
     stem = "cpu_int8_quick" if args.quick else "cpu_int8"

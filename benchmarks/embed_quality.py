@@ -3,17 +3,11 @@ and STS-B dev scored through the service.
 
     python -m benchmarks.embed_quality [--bundle .cache/bundles/all-minilm-l6-v2] [--data ../shared/data]
 
-For each CPU variant (fp32, then int8-rowwise, the default) the service runs alone on the bundle
-(`uvicorn app.main:app`, default settings otherwise) and answers:
-
-- 200 varied sentences (benchmarks/embed_data.py), sent in requests of 32: the cosine of each
-  vector with `SentenceTransformer(<the same folder>).encode`; then every sentence again, alone
-  in its request, which must give the bit-identical vector (batch invariance through the service);
-- STS-B dev (1,500 pairs, `../shared/data/glue/STS-B/dev.tsv`): every distinct sentence through
-  /embed, the cosine of each pair, Spearman (and Pearson) against the gold scores. Beside it, the
-  same computed offline with sentence-transformers, and the published figure.
-
-Writes benchmarks/results/embed_quality.{json,md}.
+For each CPU variant (fp32, then int8-rowwise, the default) the service alone on the bundle answers
+200 varied sentences (benchmarks/embed_data.py) in requests of 32, compared by cosine with
+`SentenceTransformer(<the same folder>).encode`, then each alone in its request (must be bit-identical),
+and STS-B dev (`glue/STS-B/dev.tsv`): Spearman (Pearson) of the pairs' cosines against the gold scores,
+beside sentence-transformers offline and the published figure. Writes results/embed_quality.{json,md}.
 """
 
 from __future__ import annotations

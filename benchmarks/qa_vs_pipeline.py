@@ -3,26 +3,18 @@
     .venv/bin/python -m benchmarks.qa_vs_pipeline            # held-out SQuAD articles, 1k/10k/50k contexts
     .venv/bin/python -m benchmarks.qa_vs_pipeline --quick    # smoke run (30 questions, 1 latency question)
 
-1. Answers: every question of the selected SQuAD articles goes through both; we report how often
-   they agree (same character span, same normalised text, token F1 between the two) and the EM/F1 of
-   each against the gold answers (processing.metrics, the official SQuAD definitions).
-2. Latency vs context length: contexts of about 1k, 10k and 50k characters are built by
-   concatenating other paragraphs around the question's own paragraph; both sides answer them and
-   a line (latency = a + b * chars) and a log-log exponent are fitted: 1 means linear growth.
-
-Articles (`--articles`): the default `trainer:0.15:42` is exactly the validation split that
-`python -m train --validation-fraction 0.15` (seed 42) held out of this file, i.e. articles the QA
-default never trained on; also `last:FRACTION` (file order), `all`, or a comma list of article
-indices or titles. Ours runs in-process (`--variants`, default fused: fp32, isolates pre/post-
-processing, and int8: what the service serves; the live service's QA scores: live_quality.py).
-The baseline is benchmarks/pipeline_server.make_qa_baseline on the bundle's checkpoint.
-Skips (exit 0) when the SQuAD file is absent. Writes benchmarks/results/qa_vs_pipeline{,_quick}.*.
+Every question of the held-out SQuAD articles (`--articles trainer:0.15:42`: the split the QA default's
+recipe held out) through both: how often they agree (span, normalised text, token F1 between them) and
+EM/F1 against the gold answers; then latency on contexts of about 1k, 10k and 50k characters (other
+paragraphs around the question's own), with a linear fit and a log-log exponent (1: linear growth).
+Ours runs in-process (`--variants`: fused fp32 isolates pre/post-processing, int8 is what the service
+serves); the baseline is benchmarks/pipeline_server.make_qa_baseline on the bundle's checkpoint.
+Skips (exit 0) without the SQuAD file. Writes benchmarks/results/qa_vs_pipeline{,_quick}.*.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 import sys
@@ -41,26 +33,20 @@ Reader = Callable[[str, str], dict[str, Any]]  # (question, context) -> {"text",
 
 # ------------------------------------------------------------------ data (pure: tested exactly)
 def select_articles(examples: list, spec: str) -> tuple[list, str]:
-    """The examples of the articles `spec` names, and a description of the choice."""
+    """The examples of the articles `spec` names (`all`, or `trainer[:FRACTION[:SEED]]`: the articles
+    `python -m train --validation-fraction FRACTION --seed SEED` holds out), and a description."""
+    from train.splits import split_by_group
+
     titles = list(dict.fromkeys(e.group for e in examples))
     kind, _, rest = spec.partition(":")
+    fraction, _, seed = rest.partition(":")
     if spec == "all":
-        chosen = titles
+        held = examples
     elif kind == "trainer":
-        from train.splits import split_by_group
-
-        fraction, _, seed = rest.partition(":")
         held = split_by_group(examples, float(fraction or 0.15), int(seed or 42))[1]
-        chosen = list(dict.fromkeys(e.group for e in held))
-    elif kind == "last":
-        chosen = titles[len(titles) - math.ceil(float(rest or 0.15) * len(titles)) :]
     else:
-        chosen = []
-        for item in (x.strip() for x in spec.split(",") if x.strip()):
-            if item not in titles and not (item.isdigit() and int(item) < len(titles)):
-                raise SystemExit(f"--articles: {item!r} is neither an article index (< {len(titles)}) "
-                                 "nor a title")  # fmt: skip
-            chosen.append(titles[int(item)] if item.isdigit() and int(item) < len(titles) else item)
+        raise SystemExit(f"--articles: {spec!r} is neither `all` nor `trainer[:FRACTION[:SEED]]`")
+    chosen = list(dict.fromkeys(e.group for e in held))
     keep = set(chosen)
     described = f"{spec}: {len(chosen)} of {len(titles)} articles {chosen}"
     return [e for e in examples if e.group in keep], described
@@ -264,8 +250,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--data", type=Path, default=DATA)
-    p.add_argument("--articles", default="trainer:0.15:42", help="trainer[:FRAC[:SEED]], last[:FRAC], all, "
-                   "or a comma list of article indices/titles")  # fmt: skip
+    p.add_argument("--articles", default="trainer:0.15:42", help="trainer[:FRACTION[:SEED]] or all")
     p.add_argument("--limit", type=int, help="at most this many questions (default all; quick 30)")
     p.add_argument("--bundle", type=Path, default=common.default_bundle("qa"))
     p.add_argument("--checkpoint", default="auto", help="baseline checkpoint (auto: the bundle's source)")

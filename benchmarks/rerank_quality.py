@@ -2,17 +2,12 @@
 
     python -m benchmarks.rerank_quality [--route rerank|classify] [--url URL] [--bundles .cache/bundles]
 
-Every question of the reranker recipe's held-out articles (`benchmarks/finetune.py`, recipe
-"rerank": the same 5 articles the QA default holds out) ranks the sentences of its paragraph
-(train/squad_sentences.py: the one holding the answer is relevant). Three methods score exactly
-the same questions, through the live service where they are models:
-- the reranker (`rerank-minilm`) on `POST /rerank` (TEI: `{query, texts}` -> `[{index, score}]`);
-  `--route classify` sends the same pairs to `/classify` as `text_pair`s and reads the `relevant`
-  probability, the score `/rerank` returns by construction;
-- the bi-encoder (`all-minilm-l6-v2`) on `POST /similarity` (cosine of question and sentence);
-- BM25 (Okapi, k1 1.2, b 0.75, Lucene's idf), lower-cased word tokens, idf and average length
-  over every distinct sentence of the held-out articles.
-Results: benchmarks/results/rerank_quality.{json,md}.
+Every question of the reranker recipe's held-out articles (the 5 the QA default holds out) ranks the
+sentences of its paragraph (train/squad_sentences.py: the one holding the answer is relevant), by three
+methods on exactly the same questions: the reranker on `POST /rerank` (`--route classify`: the same
+pairs to `/classify` as `text_pair`s, reading the `relevant` probability, which /rerank returns), the
+bi-encoder on `POST /similarity`, and BM25 (Okapi, k1 1.2, b 0.75, Lucene's idf; lower-cased word
+tokens, statistics over the held-out sentences). Results: benchmarks/results/rerank_quality.{json,md}.
 """
 
 from __future__ import annotations

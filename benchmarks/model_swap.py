@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     key = secrets.token_hex(16)
     url, running = common.serve_ours(models_dir, args.work / "server.log", 120, ADMIN_API_KEY=key)
     machine = common.machine_info()
-    print(f"model_swap: {args.clients} clients for {args.duration:.0f} s on {rel.shown(args.bundle)}")
+    print(f"model_swap: {args.clients} clients for {args.duration:.0f} s on {args.bundle}")
     with running as pid:
         result = asyncio.run(drive(args, int(url.rsplit(":", 1)[1]), key, models_dir, pid))
     run, final = result["run"], result["final_model"]
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": rel.command("model_swap", argv),
         "date": common.now(),
         "machine": machine,
-        "bundle": rel.shown(args.bundle),
+        "bundle": str(args.bundle),  # repo-relative in the results (write_results)
         "variant": final.get("variant"),
         "clients": args.clients,
         "duration_s": args.duration,

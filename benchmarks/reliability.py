@@ -4,6 +4,7 @@ marks its events, the per-second timeline of the answers, and the PASS/FAIL repo
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -94,17 +95,7 @@ def save(fig: Any, path: Path) -> None:
 
 
 def command(module: str, argv: list[str] | None) -> str:
-    import sys
-
     return " ".join([f"python -m benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)])
-
-
-def shown(path: Path) -> str:
-    """A path as results record it: relative to the repository where it lies inside (no machine paths)."""
-    try:
-        return str(path.resolve().relative_to(common.ROOT))
-    except ValueError:
-        return path.name
 
 
 def markdown(title: str, report: dict[str, Any], body: list[str]) -> str:

@@ -1,12 +1,11 @@
 """Sentence ranking on held-out SQuAD articles: the reranker default against a bi-encoder and BM25.
 
-    python -m benchmarks.rerank_quality [--route rerank|classify] [--url URL] [--bundles .cache/bundles]
+    python -m benchmarks.rerank_quality [--url URL] [--bundles .cache/bundles]
 
 Every question of the reranker recipe's held-out articles (the 5 the QA default holds out) ranks the
 sentences of its paragraph (train/squad_sentences.py: the one holding the answer is relevant), by three
-methods on exactly the same questions: the reranker on `POST /rerank` (`--route classify`: the same
-pairs to `/classify` as `text_pair`s, reading the `relevant` probability, which /rerank returns), the
-bi-encoder on `POST /similarity`, and BM25 (Okapi, k1 1.2, b 0.75, Lucene's idf; lower-cased word
+methods on exactly the same questions: the reranker on `POST /rerank`, the bi-encoder on
+`POST /similarity`, and BM25 (Okapi, k1 1.2, b 0.75, Lucene's idf; lower-cased word
 tokens, statistics over the held-out sentences). Results: benchmarks/results/rerank_quality.{json,md}.
 """
 
@@ -66,19 +65,13 @@ def held_out_questions(recipe_data: list[str]) -> list[RankingQuestion]:
     return [q for q in questions if q.group in titles]
 
 
-def rerank_scores(client: httpx.Client, route: str, model: str, q: RankingQuestion) -> list[float]:
-    if route == "rerank":
-        r = client.post("/rerank", json={"query": q.question, "texts": q.sentences, "model": model})
-        r.raise_for_status()
-        scores = [0.0] * len(q.sentences)
-        for item in r.json():
-            scores[item["index"]] = item["score"]
-        return scores
-    inputs = [{"text": q.question, "text_pair": s} for s in q.sentences]
-    r = client.post("/classify", json={"inputs": inputs, "model": model})
+def rerank_scores(client: httpx.Client, model: str, q: RankingQuestion) -> list[float]:
+    r = client.post("/rerank", json={"query": q.question, "texts": q.sentences, "model": model})
     r.raise_for_status()
-    results = r.json()["results"]
-    return [next(x["score"] for x in res["scores"] if x["label"] == "relevant") for res in results]
+    scores = [0.0] * len(q.sentences)
+    for item in r.json():
+        scores[item["index"]] = item["score"]
+    return scores
 
 
 def similarity_scores(client: httpx.Client, model: str, q: RankingQuestion) -> list[float]:
@@ -90,7 +83,7 @@ def similarity_scores(client: httpx.Client, model: str, q: RankingQuestion) -> l
 
 def live_scores(url: str, args, questions: list[RankingQuestion]) -> dict[str, list[list[float]]]:
     with httpx.Client(base_url=url, timeout=120) as client, ThreadPoolExecutor(args.concurrency) as pool:
-        reranker = list(pool.map(lambda q: rerank_scores(client, args.route, args.reranker, q), questions))
+        reranker = list(pool.map(lambda q: rerank_scores(client, args.reranker, q), questions))
         encoder = list(pool.map(lambda q: similarity_scores(client, args.embedder, q), questions))
     args.variants = {name: served_variants(url)[name] for name in (args.reranker, args.embedder)}
     return {"reranker": reranker, "bi-encoder": encoder}
@@ -122,7 +115,6 @@ HISTORY = (
 
 def main() -> None:
     p = parser(__doc__, concurrency=8)
-    p.add_argument("--route", choices=("rerank", "classify"), default="rerank")
     p.add_argument("--url", help="a running service (default: start one on --bundles)")
     p.add_argument("--reranker", default="rerank-minilm")
     p.add_argument("--embedder", default="all-minilm-l6-v2")
@@ -145,7 +137,7 @@ def main() -> None:
     report = {
         "command": command("rerank_quality"),
         "machine": common.machine_info(),
-        "route": args.route,
+        "route": "rerank",
         "models": {"reranker": args.reranker, "bi-encoder": args.embedder},
         "variants": args.variants,
         "validation": {
@@ -158,9 +150,8 @@ def main() -> None:
         "reranker_beats_both_baselines": beats,
         "paired_top1": versus,
     }
-    route = "/rerank" if args.route == "rerank" else "/classify with text_pair (the scores /rerank returns)"
     how = {
-        "reranker": (f"reranker `{args.reranker}`", route),
+        "reranker": (f"reranker `{args.reranker}`", "/rerank"),
         "bi-encoder": (f"bi-encoder `{args.embedder}`", "/similarity"),
         "bm25": ("BM25 (k1 1.2, b 0.75)", "idf over the held-out sentences"),
     }

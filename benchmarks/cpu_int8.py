@@ -251,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--block", type=int, default=8)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=common.RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.block = 2, 2
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     report["load_average"] = {"start": start, "end": list(os.getloadavg())}
     stem = "cpu_int8_quick" if args.quick else "cpu_int8"
-    common.write_results(common.RESULTS, stem, report, markdown(report), lambda p: plot(report, p))
+    common.write_results(args.out, stem, report, markdown(report), lambda p: plot(report, p))
     return 0
 
 

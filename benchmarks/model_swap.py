@@ -32,14 +32,10 @@ from benchmarks import reliability as rel
 from benchmarks.rawhttp import ConnectionPool, HTTPError, encode_request, post_json
 
 MODEL = "sst2"
-TEXTS = [
-    "a wonderful , moving film with a brilliant cast .",
-    "dull , lifeless and far too long .",
-    "the plot is thin but the acting carries it .",
-    "one of the worst movies i have seen this year .",
-    "an intelligent , funny and touching story .",
-    "i wanted to like it , but it never comes alive .",
-]
+TEXTS = ["a wonderful , moving film with a brilliant cast .", "dull , lifeless and far too long .",
+         "the plot is thin but the acting carries it .", "one of the worst movies i have seen this year .",
+         "an intelligent , funny and touching story .",
+         "i wanted to like it , but it never comes alive ."]  # fmt: skip
 
 
 def write_version(models_dir: Path, source: Path, version: int, corrupted: bool = False) -> Path:
@@ -131,8 +127,7 @@ async def drive(args: argparse.Namespace, port: int, key: str, models_dir: Path,
 
 def judge(samples: list[dict[str, Any]], served: list[str], events: list[dict[str, Any]]) -> dict[str, Any]:
     """The verdict: no failed request, and every answer from a verified version (header and labels)."""
-    ok = [s for s in samples if s["status"] == 200]
-    failed = [s for s in samples if s["status"] != 200]
+    ok, failed = [s for s in samples if s["status"] == 200], [s for s in samples if s["status"] != 200]
     unverified = [s for s in ok if s["version"] not in served]
     mismatched = [s for s in ok if not (s["label"] or "").endswith(f"@v{s['version']}")]
     corrupted = {e["version"] for e in events if e["corrupted"]}
@@ -145,17 +140,10 @@ def judge(samples: list[dict[str, Any]], served: list[str], events: list[dict[st
         "corrupted_version_never_answered": not any(by_version.get(v) for v in corrupted),
         "three_swaps_each_served": len(served) == 4 and all(by_version.get(v, 0) > 0 for v in served),
     }
-    return {
-        "requests": len(samples),
-        "ok": len(ok),
-        "failed": len(failed),
-        "failed_examples": failed[:5],
-        "answers_by_version": dict(sorted(by_version.items())),
-        "unverified_answers": len(unverified),
-        "label_mismatches": len(mismatched),
-        "checks": checks,
-        "passed": all(checks.values()),
-    }
+    return {"requests": len(samples), "ok": len(ok), "failed": len(failed), "failed_examples": failed[:5],
+            "answers_by_version": dict(sorted(by_version.items())), "label_mismatches": len(mismatched),
+            "unverified_answers": len(unverified), "checks": checks,
+            "passed": all(checks.values())}  # fmt: skip
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -69,7 +69,8 @@ async def under_load(
         await asyncio.sleep(tail_s)
     finally:
         stop.set()
-    return await task
+        result = await task  # also when the scenario failed: no load left running
+    return result
 
 
 def plot_timeline(ax: Any, bins: list[dict[str, Any]], events: list[dict[str, Any]], title: str) -> None:

@@ -26,13 +26,9 @@ from benchmarks.loadgen import LoadConfig, parse_mix, run_load
 
 
 def rss_growth(samples: list[dict[str, float]], warmup_s: float) -> dict[str, float | None]:
-    """RSS growth after the warm-up, from the medians of the first and last few minutes.
-
-    Single samples are noisy: a QA batch of many windows briefly maps hundreds of MB that
-    are returned right after, so one sample landing on such a spike is not growth. The
-    medians of a window at each end (a fifth of the steady samples, at most 20) are compared,
-    and the least-squares slope is reported beside them.
-    """
+    """RSS growth after the warm-up: the medians of a window at each end (a fifth of the steady samples,
+    at most 20), since a QA batch briefly maps hundreds of MB and one sample on such a spike is not
+    growth; the least-squares slope beside them."""
     steady = [s for s in samples if s["t_s"] >= warmup_s] or samples[-1:]
     window = max(1, min(20, len(steady) // 5))
     baseline = statistics.median(s["rss_mb"] for s in steady[:window])

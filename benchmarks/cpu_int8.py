@@ -2,13 +2,10 @@
 (`python -m benchmarks.cpu_int8 [--quick]`, on .cache/bundles/sst2-minilm): the bundle's `int8`
 (dynamic, not batch-invariant) and `int8-rowwise` (served), with `fused` fp32 as the reference.
 
-Speed at (1,128) and (32,128), 1 and 2 threads, in rounds of blocks (an untimed run, then timed ones)
-alternating candidates; headline: CPU time per run (one thread: the calling thread's, where ORT
-computes; two: the process's), which other processes' time slices do not inflate, then wall medians.
-Invariance: SST-2 validation sentences alone against inside padded batches of 1..33 rows, bit for
-bit. Accuracy: SST-2 validation, and logits against fp32. Profile: ORT's per-operator time, one
-thread. Writes benchmarks/results/cpu_int8{,_quick}.*. Retired candidates (static per-tensor scales,
-QKV merged, MatMulNBits, QDQ, OpenVINO): docs/decisions.md.
+CPU time per run (the headline: other processes' time slices do not inflate it) and wall at (1,128)
+and (32,128), 1 and 2 threads, in alternating blocks; rows alone against inside padded batches of
+1..33 rows; SST-2 accuracy and logits against fp32; ORT's per-operator profile. benchmarks/README.md
+has the details; retired candidates: docs/decisions.md. Writes benchmarks/results/cpu_int8{,_quick}.*.
 """
 
 from __future__ import annotations

@@ -5,12 +5,9 @@ and Prometheus' view of it all (deploy/README.md, "Faults under load").
     .venv/bin/python -m benchmarks.faults --tiny --quick --name faults_smoke   # test-size models, short
     .venv/bin/python -m benchmarks.faults --stack compose          # deploy/docker-compose.yml as containers
 
-The compose topology (3 replicas, nginx, Prometheus) under 32 closed-loop clients sending the loadgen
-mix through nginx, in three phases: steady (Prometheus must see every replica up and count exactly the
-requests the clients sent), kill -9 of a replica (started again after a while, as compose's restart
-policy does), and a rolling restart (SIGTERM, start again, wait for /ready, next). Every failed answer,
-connection error and timeout is counted, and how many requests nginx retried on another replica.
-Writes benchmarks/results/<name>.{json,md,png}; exit status 0 only when every check held.
+Three phases under 32 closed-loop clients through nginx: steady (Prometheus must see every replica up
+and count exactly the requests sent), kill -9 of a replica, a rolling restart; every failed request is
+counted. Writes benchmarks/results/<name>.{json,md,png}; exit status 0 only when every check held.
 """
 
 from __future__ import annotations

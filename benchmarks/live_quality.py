@@ -2,13 +2,10 @@
 
     python -m benchmarks.live_quality [--tasks sst2,conll03,codah,squad] [--bundles .cache/bundles]
 
-Starts `uvicorn app.main:app` on the default bundles with the service's default settings (what
-`make serve` runs: the int8 variant on a CPU), sends every held-out example of each default's
-validation data (the recipe's own slice, `benchmarks/finetune.py`) as one request, and scores
-the answers with `python -m train.evaluate --url`'s code. Beside it, the same bundle variant is
-scored offline (ONNX Runtime in the trainer's evaluation loop, batched). Results:
-benchmarks/results/live_quality.{json,md}. Also the scaffold of embed_quality.py and
-rerank_quality.py: the service they score through, their common options and command line.
+`make serve`'s service (default bundles and settings) answers every held-out example of each default's
+validation data (the recipe's slice, benchmarks/finetune.py) as one request, scored by `python -m
+train.evaluate --url`'s code, beside the same variant scored offline. Writes
+benchmarks/results/live_quality.{json,md}. Also what embed_quality.py and rerank_quality.py share.
 """
 
 from __future__ import annotations

@@ -32,10 +32,11 @@ from benchmarks import reliability as rel
 from benchmarks.rawhttp import ConnectionPool, HTTPError, encode_request, post_json
 
 MODEL = "sst2"
-TEXTS = ["a wonderful , moving film with a brilliant cast .", "dull , lifeless and far too long .",
-         "the plot is thin but the acting carries it .", "one of the worst movies i have seen this year .",
-         "an intelligent , funny and touching story .",
-         "i wanted to like it , but it never comes alive ."]  # fmt: skip
+TEXTS = [
+    "a wonderful , moving film with a brilliant cast .", "dull , lifeless and far too long .",
+    "the plot is thin but the acting carries it .", "one of the worst movies i have seen this year .",
+    "an intelligent , funny and touching story .", "i wanted to like it , but it never comes alive .",
+]  # fmt: skip
 
 
 def write_version(models_dir: Path, source: Path, version: int, corrupted: bool = False) -> Path:

@@ -19,17 +19,19 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from app.settings import available_cores
 from benchmarks import bench_common as common
 from benchmarks import loadgen, peer_envs, service_report
-from benchmarks.loadgen_payloads import SENTENCES, from_wire, make_payload, to_wire
+from benchmarks.loadgen_payloads import BASE, PATHS, SENTENCES, from_wire, make_payload, to_wire
 from export.bundle import MANIFEST_NAME
 
 VARIANT = "int8-rowwise"  # what our server and the plain ORT floor run, and the bare model
@@ -49,7 +51,6 @@ SERVERS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "mlserver": (("classify",), "v2", "mlserver", "MLServer + mlserver-huggingface (torch), V2"),
 }
 IN_REPO = [name for name, spec in SERVERS.items() if spec[2] is None]
-EXTRA_WORKLOADS = {"embed": [("embed-32", 4)]}  # 32 texts per request
 PROBE_CLASSIFY = [f"{SENTENCES[i]} {SENTENCES[(i + 5) % len(SENTENCES)]}" for i in range(len(SENTENCES))]
 
 
@@ -123,35 +124,44 @@ def per_request_ms(seconds: float, requests: int) -> float | None:
     return round(1000 * seconds / requests, 3) if requests else None
 
 
+def counters(url: str, pid: int) -> tuple[float, ...]:
+    """The server's CPU seconds (all, main thread), this process's (the load generator), and our
+    response cache's hits and misses (RESPONSE_CACHE_MB; zeros where there is none)."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        text = ""
+    cache = (sum(map(float, re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))) for name in CACHE)
+    cpu = (common.tree_cpu_seconds(pid), common.main_thread_cpu_seconds(pid), sum(os.times()[:2]))
+    return (*cpu, *cache)
+
+
+CACHE = ("bert_cache_hits_total", "bert_cache_misses_total")
+
+
 def load_levels(url: str, pid: int, workloads: list[tuple[str, int]], protocol: str, args) -> list[dict]:
     """Warm up, then one closed-loop run per workload with the server's and our CPU accounting."""
-    base = loadgen.LoadConfig(
-        url=url, duration_s=args.warmup, concurrency=max(c for _, c in workloads), timeout_s=120.0
-    )
-    base.endpoints, base.protocol = {workloads[0][0]: 1.0}, protocol
+    top, first = max(c for _, c in workloads), {workloads[0][0]: 1.0}
+    base = loadgen.LoadConfig(url, None, args.warmup, concurrency=top, endpoints=first, timeout_s=120.0)
+    base.protocol = protocol
     loadgen.run(base)
     rows = []
     for workload, level in workloads:
-        config = loadgen.LoadConfig(
-            **{
-                **base.__dict__,
-                "duration_s": args.duration,
-                "concurrency": level,
-                "endpoints": {workload: 1.0},
-            }
+        before = counters(url, pid)
+        report = loadgen.run(
+            replace(base, duration_s=args.duration, concurrency=level, endpoints={workload: 1})
         )
-        cpu, main = common.tree_cpu_seconds(pid), common.main_thread_cpu_seconds(pid)
-        client = sum(os.times()[:2])  # this process alone: the load generator
-        report = loadgen.run(config)
-        cpu, main = common.tree_cpu_seconds(pid) - cpu, common.main_thread_cpu_seconds(pid) - main
-        client, ok = sum(os.times()[:2]) - client, report["ok"]
+        cpu, main, client, hits, misses = (b - a for a, b in zip(before, counters(url, pid), strict=True))
+        ok, lat = report["ok"], report["latency_ms"]
         rows.append(
             {
                 "workload": workload,
                 "concurrency": level,
                 **{k: report[k] for k in ("requests", "ok", "errors", "errors_by_status", "schema_errors")},
                 "throughput_rps": report["throughput_rps"],
-                "latency_ms": report["latency_ms"],
+                "latency_ms": lat,
                 "cpu_seconds_per_1000_requests": round(1000 * cpu / ok, 3) if ok else None,
                 # Its main thread (ours: the event loop) and its other threads (ours: inference).
                 "cpu_ms_per_request": {
@@ -159,9 +169,9 @@ def load_levels(url: str, pid: int, workloads: list[tuple[str, int]], protocol: 
                     "other_threads": per_request_ms(cpu - main, ok),
                     "load_generator": per_request_ms(client, ok),
                 },
+                **({"cache_hit_rate": round(hits / (hits + misses), 3)} if hits + misses else {}),
             }
         )
-        lat = report["latency_ms"]
         print(
             f"    {workload} c={level:<3} {report['throughput_rps']:8.2f} req/s  p50 {lat['p50']} ms  "
             f"p99 {lat['p99']} ms  errors {report['errors']}",
@@ -183,7 +193,7 @@ def run_server(name: str, endpoint: str, entry: dict[str, Any], args, reference:
     port = common.free_port()
     url, log = f"http://127.0.0.1:{port}", args.work_dir / "logs" / f"{endpoint}-{name}.log"
     protocol = SERVERS.get(name, SERVERS["ours"])[1]
-    workloads = [(endpoint, c) for c in args.concurrency] + EXTRA_WORKLOADS.get(endpoint, [])
+    workloads = [(w, c) for w, c in args.workloads if BASE.get(w, w) == endpoint]
     result: dict[str, Any] = {}
     try:
         argv, env, ready = command(name, endpoint, port, entry, args)
@@ -269,20 +279,22 @@ def run_endpoint(endpoint: str, entry: dict[str, Any], names: list[str], args) -
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke run: c=1,8, 2 s per level")
-    p.add_argument("--endpoints", default="classify,qa", help="comma list of " + ",".join(ENDPOINTS))
-    p.add_argument("--servers", default=",".join(IN_REPO), help="comma list, or all, of " + ",".join(SERVERS))
-    p.add_argument("--concurrency", help="comma list (default 1,8,32,64; quick 1,8)")
-    p.add_argument("--duration", type=float, help="seconds per level (default 20; quick 2)")
-    p.add_argument("--warmup", type=float, help="warm-up seconds per server (default 5; quick 1)")
-    p.add_argument("--model-seconds", type=float, help="seconds per bare-model reference (default 10)")
-    p.add_argument(
-        "--rounds", type=int, default=1, help="alternating rounds; each level's median is reported"
+    add = p.add_argument
+    add("--quick", action="store_true", help="smoke run: c=1,8, 2 s per level")
+    add("--endpoints", default="classify,qa", help="comma list of " + ",".join(ENDPOINTS))
+    add("--servers", default=",".join(IN_REPO), help="comma list, or all, of " + ",".join(SERVERS))
+    add("--concurrency", help="comma list (default 1,8,32,64; quick 1,8)")
+    add(
+        "--workloads",
+        help="WORKLOAD:CONCURRENCY comma list (loadgen_payloads.PATHS) instead of each endpoint at every "
+        "--concurrency level and embed-32:4, e.g. embed-varied:1,embed-varied-32:32 or classify-zipf:8",
     )
-    p.add_argument(
-        "--ready-timeout", type=float, default=600.0, help="wait this long for a server to be ready"
-    )
-    p.add_argument(
+    add("--duration", type=float, help="seconds per level (default 20; quick 2)")
+    add("--warmup", type=float, help="warm-up seconds per server (default 5; quick 1)")
+    add("--model-seconds", type=float, help="seconds per bare-model reference (default 10)")
+    add("--rounds", type=int, default=1, help="alternating rounds; each level's median is reported")
+    add("--ready-timeout", type=float, default=600.0, help="wait this long for a server to be ready")
+    add(
         "--ablation",
         action="append",
         default=[],
@@ -290,14 +302,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="one more server, ours-NAME: ours with these settings, e.g. quiet:LOG_LEVEL=WARNING",
     )
     for task in ("classify", "qa"):
-        p.add_argument(f"--{task}-bundle", type=Path, default=common.default_bundle(task))
-    p.add_argument("--embed-bundle", type=Path, default=common.ROOT / ".cache/bundles/all-minilm-l6-v2")
-    p.add_argument("--classify-checkpoint", default="auto", help="auto: the bundle's source checkpoint")
-    p.add_argument("--qa-checkpoint", default="auto")
-    p.add_argument("--dev-models", action="store_true", help="MiniLM with random heads, not the defaults")
-    p.add_argument("--work-dir", type=Path, default=common.WORK)
-    p.add_argument("--out", type=Path, default=common.RESULTS)
-    p.add_argument("--name", help="results file stem (default service, or service_quick)")
+        add(f"--{task}-bundle", type=Path, default=common.default_bundle(task))
+        add(f"--{task}-checkpoint", default="auto", help="auto: the bundle's source checkpoint")
+    add("--embed-bundle", type=Path, default=common.ROOT / ".cache/bundles/all-minilm-l6-v2")
+    add("--dev-models", action="store_true", help="MiniLM with random heads, not the defaults")
+    add("--work-dir", type=Path, default=common.WORK)
+    add("--out", type=Path, default=common.RESULTS)
+    add("--name", help="results file stem (default service, or service_quick)")
     args = p.parse_args(argv)
     args.endpoints = [e for e in args.endpoints.split(",") if e]
     args.servers = list(SERVERS) if args.servers == "all" else [s for s in args.servers.split(",") if s]
@@ -309,9 +320,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.concurrency = [
             int(c) for c in (args.concurrency or ("1,8" if args.quick else "1,8,32,64")).split(",")
         ]
+        args.workloads = [
+            (w, int(c))
+            for w, _, c in (item.rpartition(":") for item in (args.workloads or "").split(",") if item)
+        ] or [(e, c) for e in args.endpoints for c in args.concurrency] + [("embed-32", 4)]
     except ValueError:
-        p.error("--ablation takes NAME:SETTING=VALUE[,SETTING=VALUE]; --concurrency a comma list of integers")
+        p.error(
+            "--ablation takes NAME:SETTING=VALUE[,SETTING=VALUE]; --concurrency a comma list of integers; "
+            "--workloads WORKLOAD:CONCURRENCY items"
+        )
     args.servers += [kind for kind in args.ablations if kind not in args.servers]
+    if set(w for w, _ in args.workloads) - set(PATHS):
+        p.error(f"--workloads must name some of {sorted(PATHS)}")
     if not args.endpoints or set(args.endpoints) - set(ENDPOINTS):
         p.error(f"--endpoints must name some of {ENDPOINTS}")
     if not args.servers or set(args.servers) - set(SERVERS) - set(args.ablations):
@@ -378,13 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     report["elapsed_s"] = round(time.perf_counter() - started, 1)
     report["load_average_at_end"] = list(os.getloadavg())
     stem = args.name or ("service_quick" if args.quick else "service")
-    common.write_results(
-        args.out,
-        stem,
-        report,
-        service_report.markdown(report),
-        lambda path: service_report.plot(report, path),
-    )
+    plot = lambda path: service_report.plot(report, path)  # noqa: E731
+    common.write_results(args.out, stem, report, service_report.markdown(report), plot)
     return 0
 
 

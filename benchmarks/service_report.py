@@ -68,7 +68,7 @@ def targets(entry: dict[str, Any]) -> dict[str, Any]:
     """The issue-30 targets from our rows, the bare model's and the peers' (those measured)."""
     out: dict[str, Any] = {}
     rows = entry["servers"].get("ours", {}).get("levels", [])
-    ours = {r["concurrency"]: r for r in rows if r.get("workload") != "embed-32"}
+    ours = {r["concurrency"]: r for r in rows if "-" not in r.get("workload", "")}  # the endpoint's own
     ref = entry.get("model_only")
     if ref and 32 in ours and ref["batched"]["best_requests_per_s"]:
         best = ref["batched"]["best_requests_per_s"]
@@ -163,7 +163,9 @@ def markdown(report: dict[str, Any]) -> str:
                     + (f"{r['throughput_rps'] / peer[1]:.2f}" if peer else "—")
                     + f" | {lat['p50']} | {lat['p99']} | {r['errors']} | "
                     + " / ".join(str(v) for v in r["cpu_ms_per_request"].values())
-                    + f" | {answers_text} |"
+                    + f" | {answers_text}"
+                    + (f" cache hits {r['cache_hit_rate']:.0%}" if "cache_hit_rate" in r else "")
+                    + " |"
                 )
         ref = entry.get("model_only")
         if ref:

@@ -6,7 +6,7 @@
         --concurrency 1,32 --name peers                    # every peer, each in its own environment
 
 A server is a server (the registry SERVERS): ours and its variants and `--ablation`s, the floors in
-this environment (pipeline_server.py: ORT and transformers; st_server.py) and the real peers, each in its
+this environment (pipeline_server.py: ORT and transformers; peer_server.py st) and the real peers, each in its
 own environment (peer_envs.py, peer_server.py). One at a time on loopback, in an order that rotates
 each round; each answers fixed probes first (compared with ours), then closed-loop load from
 loadgen.py in this process at each level (/embed also 32 texts per request at c=4) in its own
@@ -71,8 +71,7 @@ def command(name: str, endpoint: str, port: int, entry: dict[str, Any], args) ->
         floor = {
             "ort": f"pipeline_server --ort --{endpoint} {bundle} --variant {VARIANT}",
             "pipeline": f"pipeline_server --{endpoint} {checkpoint} --bundle {bundle}",
-            "st": "st_server --model minilm",
-        }[name]
+        }.get(name) or f"peer_server st --embed {peer_envs.minilm_dir()}"
         return f"{py} -m benchmarks.{floor} --port {port}".split(), {}, "/ready"
     if name.startswith("ours"):  # ours, its variants and ablations
         models_dir = args.work_dir / "models-dir" / endpoint

@@ -153,8 +153,7 @@ def markdown(report: dict[str, Any]) -> str:
                 text = [line.strip() for line in result["error"].splitlines() if line.strip()] or ["?"]
                 failed.append(f"- **{name}** (/{endpoint}): {text[0]} … {text[-1]}")
                 continue
-            answers = result.get("answers")
-            answers_text = ", ".join(f"{k} {v}" for k, v in answers.items()) if answers else ""
+            answers = ", ".join(f"{k} {v}" for k, v in (result.get("answers") or {}).items())
             for r in result["levels"]:
                 lat, peer = r["latency_ms"], fastest_peer(entry, key(r))
                 lo, hi = min(r["throughput_rps_by_round"]), max(r["throughput_rps_by_round"])
@@ -163,8 +162,8 @@ def markdown(report: dict[str, Any]) -> str:
                     + (f"{r['throughput_rps'] / peer[1]:.2f}" if peer else "—")
                     + f" | {lat['p50']} | {lat['p99']} | {r['errors']} | "
                     + " / ".join(str(v) for v in r["cpu_ms_per_request"].values())
-                    + f" | {answers_text}"
-                    + (f" cache hits {r['cache_hit_rate']:.0%}" if "cache_hit_rate" in r else "")
+                    + f" | {answers}"
+                    + (f"; cache hits {r['cache_hit_rate']:.0%}" if "cache_hit_rate" in r else "")
                     + " |"
                 )
         ref = entry.get("model_only")

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import bench_common as common
-from benchmarks import loadgen
+from benchmarks import service_bench
 
 DEFAULT_SETTINGS = {
     "default": "",
@@ -49,12 +48,6 @@ def parse_settings(spec: str | None) -> dict[str, dict[str, str]]:
     return out
 
 
-def metric_sum(text: str, name: str) -> float:
-    """Sum over label sets of one Prometheus sample name in /metrics text."""
-    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", re.M)
-    return sum(float(m.group(1)) for m in pattern.finditer(text))
-
-
 def one_setting(name: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
@@ -66,52 +59,13 @@ def one_setting(name: str, env: dict[str, str], args: argparse.Namespace) -> dic
     # The service's own log level (its access log is part of the cost measured), unless set.
     settings = {"DEVICE": "cpu", "LOG_LEVEL": os.environ.get("LOG_LEVEL", "INFO"), **env}
     url, running = common.serve_ours(models_dir, args.work_dir / "logs" / f"{name}.log", **settings)
+    print(f"  {name}", flush=True)
     with running as pid:
         model = httpx.get(f"{url}/models", timeout=10).json()["models"][0]
-        mix = {args.endpoint: 1.0}
-        loadgen.run(
-            loadgen.LoadConfig(
-                url=url, duration_s=args.warmup, concurrency=max(args.concurrency), endpoints=mix
-            )
-        )
-        levels = []
-        for level in args.concurrency:
-            before = httpx.get(f"{url}/metrics", timeout=10).text
-            cpu_before = common.tree_cpu_seconds(pid)
-            config = loadgen.LoadConfig(
-                url=url, duration_s=args.duration, concurrency=level, seed=args.seed, endpoints=mix
-            )
-            report = loadgen.run(config)
-            cpu = common.tree_cpu_seconds(pid) - cpu_before
-            after = httpx.get(f"{url}/metrics", timeout=10).text
-            delta = {
-                key: metric_sum(after, f"bert_batch_{key}") - metric_sum(before, f"bert_batch_{key}")
-                for key in ("size_sum", "size_count", "padded_tokens_sum")
-            }
-            ok, batches = report["ok"], delta["size_count"]
-            levels.append({
-                "concurrency": level,
-                "throughput_rps": report["throughput_rps"],
-                "latency_ms": report["latency_ms"],
-                "errors": report["errors"],
-                "mean_batch_size": round(delta["size_sum"] / batches, 2) if batches else None,
-                "padded_tokens_per_request": round(delta["padded_tokens_sum"] / ok, 1) if ok else None,
-                "cpu_seconds_per_1000_requests": round(1000 * cpu / ok, 3) if ok else None,
-            })  # fmt: skip
-            lat = report["latency_ms"]
-            print(
-                f"  {name:24} c={level:<3} {report['throughput_rps']:8.1f} req/s  p50 {lat['p50']} "
-                f"p99 {lat['p99']} ms  batch {levels[-1]['mean_batch_size']}  "
-                f"padded/req {levels[-1]['padded_tokens_per_request']}",
-                flush=True,
-            )
-    return {
-        "env": env,
-        "instances": model.get("instances"),
-        "intra_op_threads": model.get("intra_op_threads"),
-        "limits": model.get("limits"),
-        "levels": levels,
-    }
+        workloads = [(args.endpoint, level) for level in args.concurrency]
+        levels = service_bench.load_levels(url, pid, workloads, "ours", args)
+    keys = ("instances", "intra_op_threads", "limits")
+    return {"env": env, **{key: model.get(key) for key in keys}, "levels": levels}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -132,11 +86,11 @@ def markdown(report: dict[str, Any]) -> str:
     for name, r in report["results"].items():
         env = " ".join(f"{k}={v}" for k, v in r["env"].items()) or "(service defaults)"
         for level in r["levels"]:
-            lat = level["latency_ms"]
+            lat, get = level["latency_ms"], level.get
             lines.append(
                 f"| {name} | `{env}` | {r['instances']} x {r['intra_op_threads']} | {level['concurrency']} | "
-                f"{level['throughput_rps']:.1f} | {lat['p50']} | {lat['p99']} | {level['mean_batch_size']} | "
-                f"{level['padded_tokens_per_request']} | {level['cpu_seconds_per_1000_requests']} |"
+                f"{level['throughput_rps']:.1f} | {lat['p50']} | {lat['p99']} | {get('mean_batch_size')} | "
+                f"{get('padded_tokens_per_request')} | {level['cpu_seconds_per_1000_requests']} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -167,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,32", help="comma list")
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=3.0)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", type=Path, default=common.WORK / "batching_sweep")
     p.add_argument("--out", type=Path, default=common.RESULTS)
     args = p.parse_args(argv)

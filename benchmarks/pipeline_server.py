@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,8 +168,22 @@ def make_qa_baseline(directory: str | Path, settings: QASettings | None = None) 
     return HFQuestionAnswering(directory, settings)
 
 
-def add_probes(app: FastAPI) -> None:
-    """/ready and /models (app.state.info): the routes the benchmarks wait on and record."""
+def classify_response(request: ClassifyIn, ranked: list[list[tuple[str, float]]]) -> dict[str, Any]:
+    """Our /classify response from each item's (label, score) pairs, best first."""
+    results = []
+    for pairs in ranked:
+        scores = [{"label": label, "score": float(score)} for label, score in pairs][: request.top_k]
+        top = {"label": scores[0]["label"], "score": scores[0]["score"], "scores": scores}
+        results.append({**top, "value": None, "truncated": None, "windows": 1})
+    return results[0] if request.inputs is None else {"results": results}
+
+
+def build_app(title: str, info: dict[str, Any], classify, reader, what: str) -> FastAPI:
+    """/ready and /models (the routes the benchmarks wait on and record), /classify over `classify`
+    (items -> each item's (label, score) pairs, best first) and /qa over `reader`
+    (HFQuestionAnswering or a subclass); a missing one answers 404."""
+    app = FastAPI(title=title)
+    app.state.info = info
 
     @app.get("/ready")
     def ready() -> dict[str, str]:
@@ -180,49 +193,27 @@ def add_probes(app: FastAPI) -> None:
     def models() -> dict[str, Any]:
         return app.state.info
 
+    def missing(task: str) -> HTTPException:
+        return HTTPException(404, {"error": "no_model", "message": f"no {task} {what} loaded"})
 
-def classify_items(request: ClassifyIn) -> list[PairIn]:
-    if (request.inputs is None) == (request.text is None):
-        raise HTTPException(422, "give either text or inputs")
-    if request.inputs is not None:
-        return request.inputs
-    return [PairIn(text=request.text or "", text_pair=request.text_pair)]
-
-
-def classify_response(request: ClassifyIn, ranked: list[list[tuple[str, float]]]) -> dict[str, Any]:
-    """Our /classify response from each item's (label, score) pairs, best first."""
-    results = []
-    for pairs in ranked:
-        scores = [{"label": label, "score": float(score)} for label, score in pairs][: request.top_k]
-        results.append(
-            {
-                "label": scores[0]["label"],
-                "score": scores[0]["score"],
-                "scores": scores,
-                "value": None,
-                "truncated": None,
-                "windows": 1,
-            }
-        )
-    return results[0] if request.inputs is None else {"results": results}
-
-
-def add_qa_route(app: FastAPI, reader, missing: Callable[[str], HTTPException]) -> None:
-    """/qa over `reader` (HFQuestionAnswering or a subclass; None: 404 through `missing`)."""
+    @app.post("/classify")
+    def classify_endpoint(request: ClassifyIn) -> dict[str, Any]:
+        if classify is None:
+            raise missing("classify")
+        if (request.inputs is None) == (request.text is None):
+            raise HTTPException(422, "give either text or inputs")
+        items = request.inputs or [PairIn(text=request.text or "", text_pair=request.text_pair)]
+        return classify_response(request, classify(items))
 
     @app.post("/qa")
     def qa_endpoint(request: QAIn) -> dict[str, Any]:
         if reader is None:
             raise missing("qa")
-        answers, windows = reader(
-            request.question,
-            request.context,
-            top_k=request.top_k,
-            max_answer_len=request.max_answer_len,
-            doc_stride=request.doc_stride,
-            handle_impossible_answer=request.handle_impossible_answer,
-        )
+        options = request.model_dump(exclude={"question", "context"})
+        answers, windows = reader(request.question, request.context, **options)
         return {"answers": answers, "windows": windows}
+
+    return app
 
 
 def create_app(
@@ -238,13 +229,16 @@ def create_app(
     import torch
 
     transformers = _quiet_transformers()
-    classifier = (
-        transformers.pipeline("text-classification", model=str(classify), device=-1) if classify else None
-    )
+    pipe = transformers.pipeline("text-classification", model=str(classify), device=-1) if classify else None
     reader = make_qa_baseline(qa, qa_settings) if qa else None
-    max_length = classify_max_length or (classifier.tokenizer.model_max_length if classifier else None)
-    app = FastAPI(title="transformers pipeline baseline")
-    app.state.info = {
+    max_length = classify_max_length or (pipe.tokenizer.model_max_length if pipe else None)
+
+    def classifier(items: list[PairIn]) -> list[list[tuple[str, float]]]:
+        calls = [{"text": i.text, "text_pair": i.text_pair} if i.text_pair else i.text for i in items]
+        outputs = pipe(calls, top_k=None, truncation=True, max_length=max_length)
+        return [[(s["label"], s["score"]) for s in scores] for scores in outputs]
+
+    info = {
         "classify": str(classify) if classify else None,
         "qa": str(qa) if qa else None,
         "qa_kind": reader.kind if reader else None,
@@ -252,24 +246,9 @@ def create_app(
         "torch_threads": torch.get_num_threads(),
         "transformers": transformers.__version__,
     }
-
-    def missing(task: str) -> HTTPException:
-        return HTTPException(404, {"error": "no_model", "message": f"no {task} checkpoint loaded"})
-
-    add_probes(app)
-
-    @app.post("/classify")
-    def classify_endpoint(request: ClassifyIn) -> dict[str, Any]:
-        if classifier is None:
-            raise missing("classify")
-        items = classify_items(request)
-        calls = [{"text": i.text, "text_pair": i.text_pair} if i.text_pair else i.text for i in items]
-        outputs = classifier(calls, top_k=None, truncation=True, max_length=max_length)
-        return classify_response(request, [[(s["label"], s["score"]) for s in scores] for scores in outputs])
-
-    add_qa_route(app, reader, missing)
-
-    return app
+    return build_app(
+        "transformers pipeline baseline", info, classifier if pipe is not None else None, reader, "checkpoint"
+    )
 
 
 class OrtModel:
@@ -311,50 +290,37 @@ class OrtQuestionAnswering(HFQuestionAnswering):
         return start, end
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    exp = np.exp(logits - logits.max(-1, keepdims=True))
-    return exp / exp.sum(-1, keepdims=True)
-
-
 def create_ort_app(
     classify: str | Path | None = None, qa: str | Path | None = None, *, variant: str | None, threads: int
 ) -> FastAPI:
     """The plain ONNX Runtime server on bundles: see the module's docstring."""
     if not (classify or qa):
         raise ValueError("give at least one bundle directory (classify or qa)")
-    classifier = OrtModel(classify, variant, threads) if classify else None
+    model = OrtModel(classify, variant, threads) if classify else None
     reader = OrtQuestionAnswering(OrtModel(qa, variant, threads), qa) if qa else None
-    app = FastAPI(title="plain ONNX Runtime server")
-    app.state.info = {
+
+    def classifier(items: list[PairIn]) -> list[list[tuple[str, float]]]:
+        tokenizer, max_length, labels = (
+            model.tokenizer,
+            model.manifest.max_seq_len,
+            model.manifest.labels or [],
+        )
+        rows = [tokenizer(i.text, i.text_pair, truncation=True, max_length=max_length) for i in items]
+        logits = model.run(tokenizer.pad(rows, return_tensors="np"))[0]
+        exp = np.exp(logits - logits.max(-1, keepdims=True))
+        return [
+            [(labels[k], row[k]) for k in np.argsort(row)[::-1]] for row in exp / exp.sum(-1, keepdims=True)
+        ]
+
+    info = {
         "classify": str(classify) if classify else None,
         "qa": str(qa) if qa else None,
-        "variant": (classifier or (reader.model if reader else None)).variant,  # type: ignore[union-attr]
+        "variant": (model or reader.model).variant,  # type: ignore[union-attr]
         "intra_op_threads": threads,
     }
-
-    add_probes(app)
-
-    def missing(task: str) -> HTTPException:
-        return HTTPException(404, {"error": "no_model", "message": f"no {task} bundle loaded"})
-
-    @app.post("/classify")
-    def classify_endpoint(request: ClassifyIn) -> dict[str, Any]:
-        if classifier is None:
-            raise missing("classify")
-        tokenizer, max_length = classifier.tokenizer, classifier.manifest.max_seq_len
-        rows = [
-            tokenizer(i.text, i.text_pair, truncation=True, max_length=max_length)
-            for i in classify_items(request)
-        ]
-        probabilities = softmax(classifier.run(tokenizer.pad(rows, return_tensors="np"))[0])
-        labels = classifier.manifest.labels or []
-        return classify_response(
-            request, [[(labels[k], row[k]) for k in np.argsort(row)[::-1]] for row in probabilities]
-        )
-
-    add_qa_route(app, reader, missing)
-
-    return app
+    return build_app(
+        "plain ONNX Runtime server", info, classifier if model is not None else None, reader, "bundle"
+    )
 
 
 def serve(app: FastAPI, what: str, port: int) -> int:

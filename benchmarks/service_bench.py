@@ -123,21 +123,22 @@ def per_request_ms(seconds: float, requests: int) -> float | None:
     return round(1000 * seconds / requests, 3) if requests else None
 
 
+# Our own counters, read from /metrics around each level (a peer has none: zeros).
+METRICS = ("bert_cache_hits_total", "bert_cache_misses_total", "bert_batch_size_sum", "bert_batch_size_count")
+METRICS += ("bert_batch_padded_tokens_sum",)
+
+
 def counters(url: str, pid: int) -> tuple[float, ...]:
-    """The server's CPU seconds (all, main thread), this process's (the load generator), and our
-    response cache's hits and misses (RESPONSE_CACHE_MB; zeros where there is none)."""
+    """The server's CPU seconds (all, main thread), this process's (the load generator), and the sums
+    over label sets of METRICS."""
     import httpx
 
     try:
         text = httpx.get(f"{url}/metrics", timeout=10).text
     except httpx.HTTPError:
         text = ""
-    cache = (sum(map(float, re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))) for name in CACHE)
-    cpu = (common.tree_cpu_seconds(pid), common.main_thread_cpu_seconds(pid), sum(os.times()[:2]))
-    return (*cpu, *cache)
-
-
-CACHE = ("bert_cache_hits_total", "bert_cache_misses_total")
+    sums = (sum(map(float, re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))) for name in METRICS)
+    return common.tree_cpu_seconds(pid), common.main_thread_cpu_seconds(pid), sum(os.times()[:2]), *sums
 
 
 def load_levels(url: str, pid: int, workloads: list[tuple[str, int]], protocol: str, args) -> list[dict]:
@@ -152,7 +153,8 @@ def load_levels(url: str, pid: int, workloads: list[tuple[str, int]], protocol: 
         report = loadgen.run(
             replace(base, duration_s=args.duration, concurrency=level, endpoints={workload: 1})
         )
-        cpu, main, client, hits, misses = (b - a for a, b in zip(before, counters(url, pid), strict=True))
+        delta = [b - a for a, b in zip(before, counters(url, pid), strict=True)]
+        cpu, main, client, hits, misses, batch_sizes, batches, padded = delta
         ok, lat = report["ok"], report["latency_ms"]
         rows.append(
             {
@@ -169,6 +171,8 @@ def load_levels(url: str, pid: int, workloads: list[tuple[str, int]], protocol: 
                     "load_generator": per_request_ms(client, ok),
                 },
                 **({"cache_hit_rate": round(hits / (hits + misses), 3)} if hits + misses else {}),
+                **({"mean_batch_size": round(batch_sizes / batches, 2)} if batches else {}),
+                **({"padded_tokens_per_request": round(padded / ok, 1)} if padded and ok else {}),
             }
         )
         print(

@@ -107,34 +107,26 @@ def per_request_ms(samples: dict[str, Counter], duration_s: float, requests: int
     }
 
 
-def scrape(url: str) -> dict[tuple[str, ...], float]:
-    """Sums and counts of the stage and latency histograms from /metrics."""
+def scrape(url: str) -> dict[str, float]:
+    """Sums and counts of the stage histograms (by stage) and the request latency (by endpoint)."""
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
 
-    found: dict[tuple[str, ...], float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
-        if family.name not in ("bert_stage_seconds", "bert_request_latency_seconds"):
-            continue
-        for sample in family.samples:
-            if sample.name.endswith(("_sum", "_count")):
-                label = sample.labels.get("stage") or sample.labels.get("endpoint", "")
-                found[(family.name, label, sample.name.rsplit("_", 1)[1])] = sample.value
-    return found
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    pattern = (
+        r'^bert_(stage|request_latency)_seconds_(sum|count)\{[^}]*(?:stage|endpoint)="([^"]+)"[^}]*\} (\S+)$'
+    )
+    return {f"{m[1]} {m[3]} {m[2]}": float(m[4]) for m in re.finditer(pattern, text, re.M)}
 
 
-def own_timings(before: dict, after: dict, endpoint: str) -> dict[str, float]:
+def own_timings(before: dict[str, float], after: dict[str, float], endpoint: str) -> dict[str, float]:
     """The service's mean ms per request of each stage it times, and of the whole request."""
     out = {}
-    for family, label, kind in after:
-        if kind != "count" or (family == "bert_request_latency_seconds" and label != f"/{endpoint}"):
-            continue
-        n = after[(family, label, "count")] - before.get((family, label, "count"), 0.0)
-        total = after[(family, label, "sum")] - before.get((family, label, "sum"), 0.0)
-        if n > 0:
-            out["server total" if family == "bert_request_latency_seconds" else label] = round(
-                1000 * total / n, 3
-            )
+    for name in (key[: -len(" count")] for key in after if key.endswith(" count")):
+        kind, label = name.split(" ", 1)
+        n = after[f"{name} count"] - before.get(f"{name} count", 0.0)
+        if n > 0 and (kind == "stage" or label == f"/{endpoint}"):
+            total = after[f"{name} sum"] - before.get(f"{name} sum", 0.0)
+            out["server total" if kind != "stage" else label] = round(1000 * total / n, 3)
     return out
 
 

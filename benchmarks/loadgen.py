@@ -175,67 +175,20 @@ def build_report(config: LoadConfig, samples: list[Sample], elapsed_s: float, dr
     }
 
 
-class _HttpxSender:
-    """httpx: used by the tests (in-process transports) and with --client httpx."""
-
-    def __init__(self, client: httpx.AsyncClient, headers: dict[str, str]):
-        self.client, self.headers = client, {**headers, "Content-Type": "application/json"}
-
-    async def send(self, path: str, body: bytes, request_id: str) -> tuple[str, bytes]:
-        import httpx
-
-        try:
-            response = await self.client.post(
-                path, content=body, headers={**self.headers, "X-Request-ID": request_id}
-            )
-        except httpx.TimeoutException:
-            return "timeout", b""
-        except httpx.HTTPError:
-            return "connection_error", b""
-        return str(response.status_code), response.content
-
-
-class _RawSender:
-    """benchmarks/rawhttp.py: keep-alive connections, request bytes encoded once per payload."""
-
-    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
-        host, port = rawhttp.host_port(url)
-        self.pool = rawhttp.ConnectionPool(host, port)
-        self.timeout_s, self.headers, self.host = timeout_s, headers, f"{host}:{port}"
-        self.encoded: dict[int, bytes] = {}
-
-    async def send(self, path: str, body: bytes, request_id: str) -> tuple[str, bytes]:
-        raw = self.encoded.get(id(body))
-        if raw is None:  # no per-request Python beyond the socket
-            raw = self.encoded[id(body)] = rawhttp.encode_request("POST", path, body, self.headers, self.host)
-        try:
-            response = await self.pool.request(raw, self.timeout_s)
-        except asyncio.TimeoutError:
-            return "timeout", b""
-        except rawhttp.HTTPError:
-            return "connection_error", b""
-        return str(response.status), response.body
-
-
 class _Runner:
     """Issues requests and records samples. Responses are kept and checked against the schema
     after the clock stops, so parsing them costs the measured server no CPU."""
 
-    def __init__(self, config: LoadConfig, sender, stop: asyncio.Event | None, samples: list[Sample] | None):
-        self.config, self.sender, self.stop = config, sender, stop
+    def __init__(self, config: LoadConfig, send, stop: asyncio.Event | None, samples: list[Sample] | None):
+        self.config, self.send, self.stop = config, send, stop
         self.rng = rng = random.Random(config.seed)
         self.names = [n for n, w in config.endpoints.items() if w > 0]
         self.weights = [config.endpoints[n] for n in self.names]
         self.pools = {
             n: [make_payload(n, rng) for _ in range(POOL_SIZES.get(n, POOL_SIZE))] for n in self.names
         }
-        self.wire = {
-            n: [
-                (path, json.dumps(body).encode())
-                for path, body in (to_wire(config.protocol, n, p) for p in pool)
-            ]
-            for n, pool in self.pools.items()
-        }
+        self.wire = {n: [to_wire(config.protocol, n, p) for p in pool] for n, pool in self.pools.items()}
+        self.bodies = {n: [json.dumps(body).encode() for _, body in forms] for n, forms in self.wire.items()}
         self.samples: list[Sample] = [] if samples is None else samples  # filled as responses arrive
         self.to_check: list[tuple[Sample, str, dict[str, Any], bytes]] = []
         self.issued = 0
@@ -243,12 +196,11 @@ class _Runner:
     async def one(self, due: float) -> None:
         endpoint = self.rng.choices(self.names, self.weights)[0]
         index = self.rng.randrange(len(self.pools[endpoint]))
-        path, body = self.wire[endpoint][index]
+        path, body = self.wire[endpoint][index][0], self.bodies[endpoint][index]
         self.issued += 1
-        status, content = await self.sender.send(path, body, f"loadgen-{self.config.seed}-{self.issued}")
-        sample = Sample(
-            endpoint, status, time.perf_counter() - due, sent_at=due
-        )  # uvloop's clock ticks in ms
+        status, content = await self.send(path, body, f"loadgen-{self.config.seed}-{self.issued}")
+        # perf_counter: uvloop's loop.time() ticks in ms
+        sample = Sample(endpoint, status, time.perf_counter() - due, sent_at=due)
         self.samples.append(sample)
         if self.config.check_schema and status.startswith("2"):
             self.to_check.append((sample, endpoint, self.pools[endpoint][index], content))
@@ -257,9 +209,8 @@ class _Runner:
         protocol = self.config.protocol
         for sample, endpoint, payload, content in self.to_check:
             try:
-                sample.schema_error = validate_response(
-                    endpoint, payload, from_wire(protocol, endpoint, json.loads(content))
-                )
+                answer = from_wire(protocol, endpoint, json.loads(content))
+                sample.schema_error = validate_response(endpoint, payload, answer)
             except json.JSONDecodeError:
                 sample.schema_error = "response is not JSON"
             except (KeyError, IndexError, TypeError, ValueError) as e:
@@ -288,6 +239,13 @@ class _Runner:
         await asyncio.gather(*in_flight)
         return dropped
 
+    async def measure(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        dropped = await (self.open_loop() if self.config.rate else self.closed_loop())
+        elapsed = time.perf_counter() - started
+        self.check_schemas()
+        return build_report(self.config, self.samples, elapsed, dropped)
+
     async def closed_loop(self) -> int:
         cfg, started = self.config, time.perf_counter()
 
@@ -312,31 +270,52 @@ async def run_load(
 
     `stop` ends the run early when set (the duration and request bounds still hold); `samples`, when
     given, receives every request's Sample as its response arrives (e.g. to plot latency over time).
+    A send returns (status as text, or "timeout" / "connection_error"; the body).
     """
     config.validate()
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    if transport is None and config.client == "raw":
-        sender = _RawSender(config.url, config.timeout_s, headers)
-        try:
-            return await _measure(config, sender, stop, samples)
-        finally:
-            await sender.pool.close()
-    import httpx
+    if transport is None and config.client == "raw":  # benchmarks/rawhttp.py: keep-alive, lean
+        host, port = rawhttp.host_port(config.url)
+        pool, encoded = rawhttp.ConnectionPool(host, port), {}
 
+        async def send(path: str, body: bytes, request_id: str) -> tuple[str, bytes]:
+            raw = encoded.get(id(body))
+            if raw is None:  # encoded once per payload: no per-request Python beyond the socket
+                raw = encoded[id(body)] = rawhttp.encode_request(
+                    "POST", path, body, headers, f"{host}:{port}"
+                )
+            try:
+                response = await pool.request(raw, config.timeout_s)
+            except asyncio.TimeoutError:
+                return "timeout", b""
+            except rawhttp.HTTPError:
+                return "connection_error", b""
+            return str(response.status), response.body
+
+        try:
+            return await _Runner(config, send, stop, samples).measure()
+        finally:
+            await pool.close()
+    import httpx  # the tests' in-process transports, and --client httpx
+
+    headers["Content-Type"] = "application/json"
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
     async with httpx.AsyncClient(
         base_url=config.url, timeout=config.timeout_s, limits=limits, transport=transport
     ) as client:
-        return await _measure(config, _HttpxSender(client, headers), stop, samples)
 
+        async def send(path: str, body: bytes, request_id: str) -> tuple[str, bytes]:
+            try:
+                response = await client.post(
+                    path, content=body, headers={**headers, "X-Request-ID": request_id}
+                )
+            except httpx.TimeoutException:
+                return "timeout", b""
+            except httpx.HTTPError:
+                return "connection_error", b""
+            return str(response.status_code), response.content
 
-async def _measure(config: LoadConfig, sender, stop, samples) -> dict[str, Any]:
-    runner = _Runner(config, sender, stop, samples)
-    started = time.perf_counter()
-    dropped = await (runner.open_loop() if config.rate else runner.closed_loop())
-    elapsed = time.perf_counter() - started
-    runner.check_schemas()
-    return build_report(config, runner.samples, elapsed, dropped)
+        return await _Runner(config, send, stop, samples).measure()
 
 
 def run_async(coroutine: Any) -> Any:

@@ -205,7 +205,7 @@ def run_server(name: str, endpoint: str, entry: dict[str, Any], args, reference:
         started = time.perf_counter()
         with common.server(argv, env, log, url, args.ready_timeout, ready_path=ready) as pid:
             result["ready_seconds"] = round(time.perf_counter() - started, 1)
-            if name == "ours":
+            if name.startswith("ours"):
                 import httpx
 
                 result["models"] = httpx.get(f"{url}/models", timeout=10).json()

@@ -118,6 +118,21 @@ def targets(entry: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def extras(row: dict[str, Any]) -> str:
+    """Our own counters over the level: the response cache's hit rate, the batches' mean size and
+    the padded tokens per request."""
+    names = {
+        "cache_hit_rate": "cache hits",
+        "mean_batch_size": "mean batch",
+        "padded_tokens_per_request": "padded/req",
+    }
+    return ", ".join(
+        f"{label} {row[k]:.0%}" if k == "cache_hit_rate" else f"{label} {row[k]}"
+        for k, label in names.items()
+        if k in row
+    )
+
+
 def markdown(report: dict[str, Any]) -> str:
     s = report["settings"]
     lines = [
@@ -145,7 +160,7 @@ def markdown(report: dict[str, Any]) -> str:
             ),
             "",
             "| server | workload | req/s | vs fastest peer | p50 ms | p99 ms | errors "
-            "| CPU ms/req: main thread / other threads / load generator | answers vs ours |",
+            "| CPU ms/req: main thread / other threads / load generator | answers vs ours; our counters |",
             "|---|---|---:|---:|---:|---:|---:|---|---|",
         ]
         for name, result in entry["servers"].items():
@@ -162,9 +177,7 @@ def markdown(report: dict[str, Any]) -> str:
                     + (f"{r['throughput_rps'] / peer[1]:.2f}" if peer else "—")
                     + f" | {lat['p50']} | {lat['p99']} | {r['errors']} | "
                     + " / ".join(str(v) for v in r["cpu_ms_per_request"].values())
-                    + f" | {answers}"
-                    + (f"; cache hits {r['cache_hit_rate']:.0%}" if "cache_hit_rate" in r else "")
-                    + " |"
+                    + f" | {'; '.join(filter(None, [answers, extras(r)]))} |"
                 )
         ref = entry.get("model_only")
         if ref:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +68,9 @@ class BundleModel:
     def encodings(self, payload: dict[str, Any]) -> list[Encoding]:
         """The sequences / windows the service would send to the model for one request body."""
         if self.task == "classify":
+            text, pair = payload["text"], payload.get("text_pair")
             return classify_proc.encode_for_classify(
-                self.tokenizer,
-                payload["text"],
-                payload.get("text_pair"),
-                self.max_seq_len,
-                "truncate",
-                WINDOW_OVERLAP,
+                self.tokenizer, text, pair, self.max_seq_len, "truncate", WINDOW_OVERLAP
             )
         if self.task == "qa":
             return [w.encoding for w in self.qa_windows(payload["question"], payload["context"]).windows]
@@ -134,24 +130,21 @@ def pack(
     return batches
 
 
-def _time_each(call: Callable[[Any], object], items: list[Any], seconds: float) -> dict[str, float]:
-    """Each item through `call`, timed one at a time, round after round until `seconds` have passed."""
-    call(items[0])  # warm-up
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while not times or time.perf_counter() < deadline:
-        for item in items:
-            started = time.perf_counter()
-            call(item)
-            times.append(time.perf_counter() - started)
-    return {f"{k}_ms": v for k, v in percentiles(times).items()} | {"runs": len(times)}
-
-
 def single_request_reference(
     model: BundleModel, payloads: list[dict[str, Any]], seconds: float
 ) -> dict[str, Any]:
-    """Per request, its sequences as the service batches them alone (concurrency 1): ORT time only."""
-    return _time_each(model.run, [model.encodings(p) for p in payloads], seconds)
+    """Per request, its sequences as the service batches them alone (concurrency 1): ORT time only,
+    each request timed on its own, round after round until `seconds` have passed."""
+    requests = [model.encodings(p) for p in payloads]
+    model.run(requests[0])  # warm-up
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while not times or time.perf_counter() < deadline:
+        for encodings in requests:
+            started = time.perf_counter()
+            model.run(encodings)
+            times.append(time.perf_counter() - started)
+    return {f"{k}_ms": v for k, v in percentiles(times).items()} | {"runs": len(times)}
 
 
 def batched_reference(

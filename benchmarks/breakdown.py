@@ -3,15 +3,12 @@
     .venv/bin/python -m benchmarks.breakdown                      # ~6 min, all three endpoints
     .venv/bin/python -m benchmarks.breakdown --endpoints classify --duration 5
 
-Two sources, side by side. The service's own timings: the per-stage histograms it exports
-(`bert_stage_seconds`: tokenize, queue, inference, postprocess) and its request latency, read from
-/metrics before and after each load. And a sampling profiler: py-spy samples every Python thread of
-the server (idle ones too) while the service benchmark's load generator drives it; each sample is
-put in one stage by its innermost frame that a rule below names. A stage's time per request is its
-share of a thread's samples times the load's wall time, over the requests served. The event loop
-is the server's main thread; "other threads" are the inference workers (their ORT run and
-collate) and the to_thread pool. py-spy needs ptrace (root, or CAP_SYS_PTRACE).
-Writes benchmarks/results/breakdown.{json,md}.
+Two sources, side by side: the service's own stage histograms (`bert_stage_seconds`) and request
+latency from /metrics around each load, and py-spy sampling every thread of the server (idle ones
+too) under loadgen.py's load, each sample put in the stage its innermost frame's rule names; a
+stage's ms per request is its share of a thread's samples times the wall time over the requests.
+"event loop" is the main thread; "other threads" the inference workers and the to_thread pool.
+py-spy needs ptrace (root, or CAP_SYS_PTRACE). Writes benchmarks/results/breakdown.{json,md}.
 """
 
 from __future__ import annotations
@@ -217,19 +214,19 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(
                     f"| {stage} | " + " | ".join("" if c is None else f"{c:.3f}" for c in cells) + " |"
                 )
+        lat = [r["client_latency_ms"] for r in levels]
         rows = {"throughput, req/s": [f"{r['throughput_rps']:.1f}" for r in levels]}
-        rows["client p50 / p99, ms"] = [
-            f"{r['client_latency_ms']['p50']} / {r['client_latency_ms']['p99']}" for r in levels
-        ]
+        rows["client p50 / p99, ms"] = [f"{x['p50']} / {x['p99']}" for x in lat]
         for key in ("server total", "tokenize", "queue", "inference", "postprocess"):
             rows[f"service's own: {key}, mean ms"] = [
                 str(r["service_timings_ms"].get(key, "")) for r in levels
             ]
         lines += ["", "| | " + " | ".join(f"c={r['concurrency']}" for r in levels) + " |"]
-        lines += ["|---|" + "---:|" * len(levels)] + [
-            f"| {k} | " + " | ".join(v) + " |" for k, v in rows.items()
+        lines += [
+            "|---|" + "---:|" * len(levels),
+            *(f"| {k} | " + " | ".join(v) + " |" for k, v in rows.items()),
+            "",
         ]
-        lines.append("")
     return "\n".join(lines)
 
 

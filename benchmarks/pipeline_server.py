@@ -3,24 +3,14 @@
     python -m benchmarks.pipeline_server --classify runs/sst2/best --qa runs/squad/best --port 8001
     python -m benchmarks.pipeline_server --ort --classify .cache/bundles/sst2-minilm --port 8002
 
-One process, plain sync `def` endpoints (FastAPI runs them in its thread pool), default
-settings, no batching across requests: the usual "wrap the pipeline in FastAPI" server.
-It loads the same checkpoint directories (Hugging Face layout) that our bundles are exported
-from and answers /classify and /qa with our request and response shapes, so
-benchmarks/loadgen.py drives both servers unchanged.
-
-- /classify: `pipeline("text-classification")`, truncated to `--bundle`'s max_seq_len, so both
-  servers do the same model work (QA windows are cut as the bundle cuts them too).
-- /qa: transformers 5 removed `pipeline("question-answering")`; `HFQuestionAnswering` below does
-  what that pipeline did and what the Hugging Face course teaches: the fast tokenizer's
-  overflowing windows with offsets, one forward pass over the request's windows, n-best
-  start/end logits per window, best span.
-Fields our service reports but a pipeline cannot know cheaply (`truncated`, `value`) are null.
-
-`--ort` (the plain ORT server): the same on bundles instead, a bundle variant's ONNX file
-(`--variant`, default the one our server picks, with its `disabled_optimizers`) in one shared
-InferenceSession, one `session.run` per request (a QA request's windows together), the fast
-tokenizer, HFQuestionAnswering's span search: only the forward pass differs from the baseline.
+One process, plain sync `def` endpoints (FastAPI's thread pool), default settings, no batching
+across requests, our request and response shapes (fields a pipeline cannot know cheaply are null).
+The `transformers` baseline loads the checkpoint directories our bundles are exported from:
+/classify is `pipeline("text-classification")` cut at `--bundle`'s max_seq_len; /qa is
+`HFQuestionAnswering` (transformers 5 removed the QA pipeline): fast-tokenizer windows with
+offsets as the bundle cuts them, one forward pass per request, n-best start/end per window, best
+span. `--ort` is the same on a bundle variant's ONNX file (default: the one our server picks, with
+its `disabled_optimizers`) in one shared InferenceSession: only the forward pass differs.
 """
 
 from __future__ import annotations
@@ -286,8 +276,7 @@ class OrtQuestionAnswering(HFQuestionAnswering):
         self.model = model
 
     def forward(self, encoded) -> tuple[np.ndarray, np.ndarray]:
-        start, end = self.model.run(encoded)
-        return start, end
+        return tuple(self.model.run(encoded))  # type: ignore[return-value]
 
 
 def create_ort_app(
@@ -300,17 +289,13 @@ def create_ort_app(
     reader = OrtQuestionAnswering(OrtModel(qa, variant, threads), qa) if qa else None
 
     def classifier(items: list[PairIn]) -> list[list[tuple[str, float]]]:
-        tokenizer, max_length, labels = (
-            model.tokenizer,
-            model.manifest.max_seq_len,
-            model.manifest.labels or [],
-        )
-        rows = [tokenizer(i.text, i.text_pair, truncation=True, max_length=max_length) for i in items]
-        logits = model.run(tokenizer.pad(rows, return_tensors="np"))[0]
-        exp = np.exp(logits - logits.max(-1, keepdims=True))
-        return [
-            [(labels[k], row[k]) for k in np.argsort(row)[::-1]] for row in exp / exp.sum(-1, keepdims=True)
-        ]
+        cut = {"truncation": True, "max_length": model.manifest.max_seq_len}
+        rows = [model.tokenizer(i.text, i.text_pair, **cut) for i in items]
+        logits = model.run(model.tokenizer.pad(rows, return_tensors="np"))[0]
+        probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+        probabilities /= probabilities.sum(-1, keepdims=True)
+        labels = model.manifest.labels or []
+        return [[(labels[k], row[k]) for k in np.argsort(row)[::-1]] for row in probabilities]
 
     info = {
         "classify": str(classify) if classify else None,
@@ -318,9 +303,8 @@ def create_ort_app(
         "variant": (model or reader.model).variant,  # type: ignore[union-attr]
         "intra_op_threads": threads,
     }
-    return build_app(
-        "plain ONNX Runtime server", info, classifier if model is not None else None, reader, "bundle"
-    )
+    classify_fn = classifier if model is not None else None
+    return build_app("plain ONNX Runtime server", info, classify_fn, reader, "bundle")
 
 
 def serve(app: FastAPI, what: str, port: int) -> int:

@@ -5,13 +5,11 @@
     python -m benchmarks.service_bench --endpoints embed,classify --servers all --rounds 2 --duration 5 \
         --concurrency 1,32 --name peers                    # every peer, each in its own environment
 
-A server is a server (the registry SERVERS): ours and its variants and `--ablation`s, the floors in
-this environment (pipeline_server.py: ORT and transformers; peer_server.py st) and the real peers, each in its
-own environment (peer_envs.py, peer_server.py). One at a time on loopback, in an order that rotates
-each round; each answers fixed probes first (compared with ours), then closed-loop load from
-loadgen.py in this process at each level (/embed also 32 texts per request at c=4) in its own
-protocol, with its CPU per request. Then, with no server running, our bare model on the same
-payloads (model_only.py). Targets and tables: service_report.py. See benchmarks/README.md.
+A server is a server (SERVERS): ours, its variants and `--ablation`s, the floors in this environment
+and the real peers in theirs (peer_envs.py). One at a time, in an order that rotates each round:
+fixed probes (compared with ours), then closed-loop load from loadgen.py at each workload in its
+protocol, with its CPU per request; then our bare model on the same payloads (model_only.py).
+Targets and tables: service_report.py. How to read it: benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -218,18 +218,12 @@ def plot(report: dict[str, Any], path: Path) -> None:
         for k, (name, result) in enumerate(servers.items()):
             by_key = {key(r): r for r in result["levels"]}
             xs = [j + k * width for j in range(len(workloads))]
-            rates = [by_key[w]["throughput_rps"] if w in by_key else 0 for w in workloads]
-            p50s = [(by_key[w]["latency_ms"]["p50"] or 0) if w in by_key else 0 for w in workloads]
-            row[0].bar(xs, rates, width, label=name, color=f"C{k}")
-            row[1].bar(xs, p50s, width, label=name, color=f"C{k}")
-        ref = entry.get("model_only")
-        if ref:
-            row[0].axhline(
-                ref["batched"]["best_requests_per_s"], color="grey", ls=":", label="bare model, batched"
-            )
-            row[1].axhline(
-                ref["single_request"]["p50_ms"], color="grey", ls=":", label="bare model, one request"
-            )
+            rows = [by_key.get(w, {"throughput_rps": 0, "latency_ms": {"p50": 0}}) for w in workloads]
+            row[0].bar(xs, [r["throughput_rps"] for r in rows], width, label=name, color=f"C{k}")
+            row[1].bar(xs, [r["latency_ms"]["p50"] or 0 for r in rows], width, label=name, color=f"C{k}")
+        if ref := entry.get("model_only"):
+            row[0].axhline(ref["batched"]["best_requests_per_s"], color="grey", ls=":", label="bare, batched")
+            row[1].axhline(ref["single_request"]["p50_ms"], color="grey", ls=":", label="bare, one request")
         for ax, ylabel in zip(row, ("requests/s", "p50 latency, ms (log)"), strict=True):
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(workloads))], workloads)
             ax.set_ylabel(ylabel)

@@ -14,6 +14,8 @@ py-spy needs ptrace (root, or CAP_SYS_PTRACE). Writes benchmarks/results/breakdo
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import re
 import subprocess
@@ -24,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import bench_common as common
-from benchmarks import loadgen
-from benchmarks.service_bench import our_server
+from benchmarks.service_bench import load_levels, our_server
 
 ENDPOINTS = ("classify", "embed", "qa")
 BUNDLES = {"classify": "sst2-minilm", "embed": "all-minilm-l6-v2", "qa": "squad-minilm"}
@@ -56,7 +57,7 @@ RULES: list[tuple[str, str, str]] = [
 STAGES = ["parse", "validate", "tokenize", "admission/queue", "collate/pad", "ORT run", "decode", "serialize"]
 STAGES += ["write", "http in (uvicorn)", "routing/middleware", "metrics/logs", "service glue"]
 STAGES += ["asyncio machinery", "other", "idle"]
-RATE, WARMUP_S = 200, 3.0  # py-spy samples per second; warm-up before the first level
+RATE = 200  # py-spy samples per second
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
 IDLE_LEAVES = re.compile(
     r"Runner\.run \(asyncio/runners\.py|run \(uvloop/|threading\.py|queue\.py|concurrent/futures/thread\.py"
@@ -127,10 +128,11 @@ def own_timings(before: dict[str, float], after: dict[str, float], endpoint: str
     return out
 
 
-def profile_level(url: str, pid: int, endpoint: str, level: int, args: argparse.Namespace) -> dict:
-    raw = args.work_dir / "breakdown" / f"{endpoint}-c{level}.txt"
+@contextlib.contextmanager
+def profiled(url: str, pid: int, args: argparse.Namespace, workload: str, level: int, row: dict):
+    """py-spy on every thread of the server and its stage timings around one level's load."""
+    raw = args.work_dir / "breakdown" / f"{workload}-c{level}.txt"
     raw.parent.mkdir(parents=True, exist_ok=True)
-    config = loadgen.LoadConfig(url, duration_s=args.duration, concurrency=level, endpoints={endpoint: 1.0})
     before = scrape(url)
     spy = subprocess.Popen(
         [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--rate", str(RATE)]
@@ -140,22 +142,12 @@ def profile_level(url: str, pid: int, endpoint: str, level: int, args: argparse.
         stderr=subprocess.PIPE,
     )
     time.sleep(0.3)  # py-spy attaches
-    report = loadgen.run(config)
+    yield
     _, err = spy.communicate(timeout=60)
     if spy.returncode != 0:
         raise SystemExit(f"py-spy failed ({spy.returncode}): {err.decode(errors='replace')[-800:]}")
-    after = scrape(url)
-    samples = parse_raw(raw.read_text())
-    return {
-        "concurrency": level,
-        "requests": report["ok"],
-        "errors": report["errors"],
-        "throughput_rps": report["throughput_rps"],
-        "client_latency_ms": report["latency_ms"],
-        "service_timings_ms": own_timings(before, after, endpoint),
-        "profile_ms_per_request": per_request_ms(samples, report["elapsed_s"], report["ok"]),
-        "samples": {k: dict(v) for k, v in samples.items()},
-    }
+    row["service_timings_ms"] = own_timings(before, scrape(url), workload)
+    row["samples"] = parse_raw(raw.read_text())
 
 
 def run_endpoint(endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -165,21 +157,16 @@ def run_endpoint(endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
     port = common.free_port()
     url = f"http://127.0.0.1:{port}"
     command, env = our_server([bundle], port, args.work_dir / "models-dir" / f"breakdown-{endpoint}", {})
-    log_path = args.work_dir / "logs" / f"breakdown-{endpoint}.log"
     print(f"/{endpoint}: {' '.join(command)}", flush=True)
-    with common.server(command, env, log_path, url, 300.0) as pid:
-        info = httpx.get(f"{url}/models", timeout=10).json()
-        (model,) = [m for m in info["models"] if m["status"] == "ready"]
-        loadgen.run(loadgen.LoadConfig(url, duration_s=WARMUP_S, concurrency=32, endpoints={endpoint: 1.0}))
-        levels = []
-        for level in args.concurrency:
-            row = profile_level(url, pid, endpoint, level, args)
-            print(
-                f"  c={level:<3} {row['throughput_rps']:8.1f} req/s  p50 {row['client_latency_ms']['p50']} ms"
-                f"  service {row['service_timings_ms']}",
-                flush=True,
-            )
-            levels.append(row)
+    with common.server(command, env, args.work_dir / "logs" / f"breakdown-{endpoint}.log", url, 300.0) as pid:
+        (model,) = [
+            m for m in httpx.get(f"{url}/models", timeout=10).json()["models"] if m["status"] == "ready"
+        ]
+        around = functools.partial(profiled, url, pid, args)
+        levels = load_levels(url, pid, [(endpoint, c) for c in args.concurrency], "ours", args, around)
+    for row in levels:
+        row["profile_ms_per_request"] = per_request_ms(row["samples"], row["elapsed_s"], row["ok"])
+        print(f"  c={row['concurrency']:<3} service {row['service_timings_ms']}", flush=True)
     return {"bundle": str(bundle), "model": model, "levels": levels}
 
 
@@ -214,7 +201,7 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(
                     f"| {stage} | " + " | ".join("" if c is None else f"{c:.3f}" for c in cells) + " |"
                 )
-        lat = [r["client_latency_ms"] for r in levels]
+        lat = [r["latency_ms"] for r in levels]
         rows = {"throughput, req/s": [f"{r['throughput_rps']:.1f}" for r in levels]}
         rows["client p50 / p99, ms"] = [f"{x['p50']} / {x['p99']}" for x in lat]
         for key in ("server total", "tokenize", "queue", "inference", "postprocess"):
@@ -235,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoints", default=",".join(ENDPOINTS))
     p.add_argument("--concurrency", default="1,32")
     p.add_argument("--duration", type=float, default=15.0, help="seconds of profiled load per level")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the first level")
     p.add_argument("--bundles-dir", type=Path, default=common.ROOT / ".cache" / "bundles")
     p.add_argument("--work-dir", type=Path, default=common.WORK)
     p.add_argument("--out", type=Path, default=common.RESULTS)

@@ -15,6 +15,7 @@ Targets and tables: service_report.py. How to read it: benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -139,40 +140,37 @@ def counters(url: str, pid: int) -> tuple[float, ...]:
     return common.tree_cpu_seconds(pid), common.main_thread_cpu_seconds(pid), sum(os.times()[:2]), *sums
 
 
-def load_levels(url: str, pid: int, workloads: list[tuple[str, int]], protocol: str, args) -> list[dict]:
-    """Warm up, then one closed-loop run per workload with the server's and our CPU accounting."""
+def load_levels(url: str, pid: int, workloads: list[tuple[str, int]], protocol: str, args, around=None):
+    """Warm up, then one closed-loop run per workload with the server's and our CPU accounting.
+    `around(workload, level, row)`, a context manager, wraps each level's load and adds to its row."""
     top, first = max(c for _, c in workloads), {workloads[0][0]: 1.0}
     base = loadgen.LoadConfig(url, None, args.warmup, concurrency=top, endpoints=first, timeout_s=120.0)
     base.protocol = protocol
     loadgen.run(base)
     rows = []
     for workload, level in workloads:
-        before = counters(url, pid)
-        report = loadgen.run(
-            replace(base, duration_s=args.duration, concurrency=level, endpoints={workload: 1})
-        )
+        row: dict[str, Any] = {"workload": workload, "concurrency": level}
+        before, config = counters(url, pid), replace(base, duration_s=args.duration, concurrency=level)
+        with around(workload, level, row) if around else contextlib.nullcontext():
+            report = loadgen.run(replace(config, endpoints={workload: 1}))
         delta = [b - a for a, b in zip(before, counters(url, pid), strict=True)]
         cpu, main, client, hits, misses, batch_sizes, batches, padded = delta
         ok, lat = report["ok"], report["latency_ms"]
-        rows.append(
-            {
-                "workload": workload,
-                "concurrency": level,
-                **{k: report[k] for k in ("requests", "ok", "errors", "errors_by_status", "schema_errors")},
-                "throughput_rps": report["throughput_rps"],
-                "latency_ms": lat,
-                "cpu_seconds_per_1000_requests": round(1000 * cpu / ok, 3) if ok else None,
-                # Its main thread (ours: the event loop) and its other threads (ours: inference).
-                "cpu_ms_per_request": {
-                    "main_thread": per_request_ms(main, ok),
-                    "other_threads": per_request_ms(cpu - main, ok),
-                    "load_generator": per_request_ms(client, ok),
-                },
-                **({"cache_hit_rate": round(hits / (hits + misses), 3)} if hits + misses else {}),
-                **({"mean_batch_size": round(batch_sizes / batches, 2)} if batches else {}),
-                **({"padded_tokens_per_request": round(padded / ok, 1)} if padded and ok else {}),
-            }
-        )
+        keys = "requests ok errors errors_by_status schema_errors elapsed_s throughput_rps".split()
+        row |= {k: report[k] for k in keys} | {"latency_ms": lat}
+        row["cpu_seconds_per_1000_requests"] = round(1000 * cpu / ok, 3) if ok else None
+        # Its main thread (ours: the event loop) and its other threads (ours: inference).
+        row["cpu_ms_per_request"] = {
+            "main_thread": per_request_ms(main, ok),
+            "other_threads": per_request_ms(cpu - main, ok),
+            "load_generator": per_request_ms(client, ok),
+        }
+        if hits + misses:
+            row["cache_hit_rate"] = round(hits / (hits + misses), 3)
+        if batches and ok:
+            row["mean_batch_size"] = round(batch_sizes / batches, 2)
+            row["padded_tokens_per_request"] = round(padded / ok, 1)
+        rows.append(row)
         print(
             f"    {workload} c={level:<3} {report['throughput_rps']:8.2f} req/s  p50 {lat['p50']} ms  "
             f"p99 {lat['p99']} ms  errors {report['errors']}",
@@ -184,8 +182,7 @@ def load_levels(url: str, pid: int, workloads: list[tuple[str, int]], protocol: 
 # Causes that the end of a log does not show, found anywhere in it.
 CAUSES = {
     "_attention_scale": "optimum 1.x's ONNX exporter imports torch.onnx.symbolic_opset14._attention_scale, "
-    "gone in torch 2.13, the only CPU torch installable here (older CPU wheels are on PyTorch's own "
-    "index only; PyPI's pull CUDA). ",
+    "gone in torch 2.13, the only CPU torch installable here (PyPI's older ones pull CUDA). ",
 }
 
 

@@ -8,6 +8,7 @@ The session is made with app.backend.runtime.create_runtime, so it has the serve
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ import numpy as np
 
 from app.backend.runtime import CPU_BATCH_TOKENS, create_runtime
 from app.settings import available_cores
+from benchmarks.bench_common import timed
 from benchmarks.loadgen import percentiles
 from export.bundle import DEFAULT_QA, load_bundle_manifest
 from processing import classify as classify_proc
@@ -134,16 +136,10 @@ def single_request_reference(
     model: BundleModel, payloads: list[dict[str, Any]], seconds: float
 ) -> dict[str, Any]:
     """Per request, its sequences as the service batches them alone (concurrency 1): ORT time only,
-    each request timed on its own, round after round until `seconds` have passed."""
-    requests = [model.encodings(p) for p in payloads]
-    model.run(requests[0])  # warm-up
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while not times or time.perf_counter() < deadline:
-        for encodings in requests:
-            started = time.perf_counter()
-            model.run(encodings)
-            times.append(time.perf_counter() - started)
+    the requests in turn, each at least once, until `seconds` have passed."""
+    requests = itertools.cycle([model.encodings(p) for p in payloads])
+    model.run(next(requests))  # warm-up
+    _, times = timed(lambda: model.run(next(requests)), 10**9, seconds, min_runs=len(payloads))
     return {f"{k}_ms": v for k, v in percentiles(times).items()} | {"runs": len(times)}
 
 

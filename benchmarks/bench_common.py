@@ -1,8 +1,6 @@
-"""What every benchmark shares: default model locations, the checkpoint a bundle was built from,
-MiniLM development models with random heads and the tests' tiny models, the machine description,
-line fits, the one timing loop, the one results writer, the one free port and the one server
-launcher. Torch is imported only where a checkpoint is built.
-"""
+"""What every benchmark shares: model locations, the checkpoint a bundle was built from, dev and tiny
+models, the machine description, line fits, the one timing loop, results writer, free port and server
+launcher. Torch is imported only where a checkpoint is built."""
 
 from __future__ import annotations
 

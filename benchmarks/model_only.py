@@ -1,9 +1,8 @@
 """Our model without the service: a bundle's ONNX session fed by processing/, in-process.
 
-Gives the references the service is judged against (model-only single-request time and
-batched throughput on the same payloads) and an in-process QA reader (processing.qa over ORT,
-exactly the service's steps without HTTP, queueing or cross-request batching).
-The session is made with app.backend.runtime.create_runtime, so it has the server's session options.
+The references the service is judged against (single-request time and batched throughput on the
+same payloads) and an in-process QA reader: the service's steps without HTTP, queueing or
+cross-request batching, on sessions with the server's options (app.backend.runtime.create_runtime).
 """
 
 from __future__ import annotations

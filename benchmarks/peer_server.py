@@ -5,12 +5,10 @@
     .cache/peers/fastembed/venv/bin/python benchmarks/peer_server.py fastembed --embed DIR
     .venv/bin/python benchmarks/peer_server.py st --embed .cache/peers/models/all-minilm-l6-v2
 
-optimum: Optimum's recipe, `ORTModelFor{SequenceClassification,FeatureExtraction}` from an ONNX
-export (fp32) in a `transformers` pipeline, mean pooling for embeddings. fastembed: its
-`TextEmbedding` on a local export (`specific_model_path`: no hub). st: one `SentenceTransformer`
-(the pip package's all-MiniLM-L6-v2 folder), `model.encode` per request. Plain sync endpoints, uvicorn's
-defaults, no batching across requests; our request and response shapes, so loadgen drives them
-as it drives us. Standalone: it imports nothing of this repository.
+optimum: `ORTModelFor{SequenceClassification,FeatureExtraction}` on an fp32 ONNX export in a
+`transformers` pipeline, mean pooling; fastembed: `TextEmbedding` on a local export; st: one
+`SentenceTransformer`, `model.encode` per request. Plain sync endpoints, uvicorn's defaults, our
+shapes. Standalone (the peers' environments hold nothing of this repository).
 """
 
 from __future__ import annotations

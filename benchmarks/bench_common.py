@@ -55,8 +55,6 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
     import platform
     from importlib import metadata
 
-    import psutil
-
     lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
     names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
 
@@ -66,6 +64,13 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             return "not installed"
 
+    try:  # psutil comes with the dev extras; a training environment may lack it
+        import psutil
+
+        memory = {"physical_cores": psutil.cpu_count(logical=False)}
+        memory["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        memory = {}
     return {
         "cpu": names[0] if names else platform.processor() or "unknown",
         "logical_cores": os.cpu_count(),
@@ -77,8 +82,7 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         # and they decide the INT8 kernels (and the bf16 speed) measured.
         "isa": isa_flags(),
         "versions": {package: version(package) for package in MEASURED},
-        "physical_cores": psutil.cpu_count(logical=False),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        **memory,
     }
 
 

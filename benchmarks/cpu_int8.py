@@ -106,9 +106,9 @@ def logits(session, encoded: list, size: int) -> np.ndarray:
 
 
 def quality(cands, bundle: Path, data: Path, quick: bool) -> dict[str, Any]:
-    from benchmarks.finetune import recipes
     from processing.tokenizer import TextTokenizer
     from train.evaluate import select_examples
+    from train.recipes import recipes
 
     _, examples = select_examples(recipes(data)["sst2"]["data"])
     examples = examples[:64] if quick else examples

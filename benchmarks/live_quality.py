@@ -3,7 +3,7 @@
     python -m benchmarks.live_quality [--tasks sst2,conll03,codah,squad] [--bundles .cache/bundles]
 
 `make serve`'s service (default bundles and settings) answers every held-out example of each default's
-validation data (the recipe's slice, benchmarks/finetune.py) as one request, scored by `python -m
+validation data (the recipe's slice, train/recipes.py) as one request, scored by `python -m
 train.evaluate --url`'s code, beside the same variant scored offline. Writes
 benchmarks/results/live_quality.{json,md}. Also what embed_quality.py and rerank_quality.py share.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import bench_common as common
-from benchmarks.finetune import recipes
+from train.recipes import recipes
 
 DATA = common.ROOT.parent / "shared" / "data"
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import httpx
 
 from benchmarks import bench_common as common
-from benchmarks.finetune import recipes
 from benchmarks.live_quality import command, parser, served_variants, service, validation
 from processing.metrics import ranking_scores
 from train.readers import read_squad
+from train.recipes import recipes
 from train.splits import DataOptions, split_by_group
 from train.squad_sentences import RankingQuestion, ranking_questions, sentence_pairs
 
@@ -102,7 +102,7 @@ def paired(a: list[list[float]], b: list[list[float]], relevant: list[int]) -> d
     return {"wins": wins, "losses": losses, "same": len(diffs) - n, "sign_test_p": p}
 
 
-# The record behind the reranker default (benchmarks/finetune.py, recipe "rerank"): this selection
+# The record behind the reranker default (train/recipes.py, recipe "rerank"): this selection
 # was made after seeing held-out numbers, which a reader of the table must know.
 HISTORY = (
     "This is the reranker's second training run. The first (100 steps, a time budget on a shared "

@@ -1,7 +1,7 @@
-"""Fine-tune MiniLM on each real dataset, then store the compact defaults and measure their cost.
+"""The default models' recipes: fine-tune MiniLM on each dataset, store the compact defaults, measure them.
 
-    python -m benchmarks.finetune                      # train all four, compress, evaluate
-    python -m benchmarks.finetune --tasks sst2 --skip-train   # reuse runs/sst2
+    python -m train.recipes                      # train all four, compress, evaluate
+    python -m train.recipes --tasks sst2 --skip-train   # reuse runs/sst2
 
 For every task: train with the recipe below (`python -m train`, CPU, `--precision auto`,
 frozen embeddings), compress the best checkpoint into `defaults/<name>` (model.compact),
@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shlex
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-from benchmarks import bench_common as common
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -174,7 +173,28 @@ def one_task(name: str, recipe: dict, args: argparse.Namespace) -> dict:
     }
 
 
-def merge_results(results: dict, path: Path) -> None:
+def machine(threads: int) -> dict:
+    """What trained: the CPU (its flags decide bf16 and the speed), the threads, the load, torch."""
+    from importlib.metadata import version
+
+    from export.int8_precision import cpu_flags
+
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+    flags = {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16"} & cpu_flags()
+    return {
+        "cpu": names[0] if names else platform.processor() or "unknown",
+        "logical_cores": os.cpu_count(),
+        "threads_used": threads,
+        "load_average_at_start": list(os.getloadavg()),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "isa": sorted(flags),
+        "versions": {"torch": version("torch")},
+    }
+
+
+def merge_results(results: dict, path: Path, threads: int = 1) -> None:
     """Merge into earlier results (a `--tasks` subset keeps the others), with the live-service scores of
     benchmarks/live_quality.py where measured."""
     merged = {**(json.loads(path.read_text())["tasks"] if path.exists() else {}), **results}
@@ -201,8 +221,13 @@ def merge_results(results: dict, path: Path) -> None:
         "Training commands:\n",
         *(f"- {n}: " + ", then ".join(f"`{c}`" for c in r["train_commands"]) for n, r in merged.items()),
     ]
-    report = {"machine": common.machine_info(), "tasks": merged}
-    common.write_results(path.parent, path.stem, report, "\n".join(lines), None)
+    report = {"machine": machine(threads), "tasks": merged}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Commands others can run: paths relative to the repository (train records "python -m train").
+    texts = {path: json.dumps(report, indent=2, default=float), path.with_suffix(".md"): "\n".join(lines)}
+    for file, text in texts.items():
+        file.write_text(text.replace(f"{REPO}/", "").rstrip() + "\n", encoding="utf-8")
+    print(f"wrote {path}, {path.with_suffix('.md')}", flush=True)
 
 
 def main() -> None:
@@ -227,7 +252,7 @@ def main() -> None:
     all_recipes = recipes(Path(os.path.relpath(args.data.resolve(), REPO)))
     for name in args.tasks.split(","):
         result = one_task(name, all_recipes[name], args)
-        merge_results({name: result}, args.out)
+        merge_results({name: result}, args.out, args.threads)
         print(json.dumps({k: result[k] for k in ("full_finetune", "compact", "compact_bytes")}, indent=2))
 
 

@@ -89,14 +89,8 @@ def batch(tokenizer: TextTokenizer, texts: list[str], length: int) -> dict[str, 
 
 
 def p50_ms(run, inputs, seconds: float) -> float:
-    run(inputs)
-    times = []
-    deadline = time.perf_counter() + seconds
-    while len(times) < 5 or time.perf_counter() < deadline:
-        started = time.perf_counter()
-        run(inputs)
-        times.append(time.perf_counter() - started)
-    return round(float(np.median(times)) * 1e3, 3)
+    run(inputs)  # warm-up
+    return round(float(np.median(common.timed(lambda: run(inputs), 10**6, seconds, 5)[1])) * 1e3, 3)
 
 
 def check_model(bundle: Path, seconds: float) -> dict[str, Any]:

@@ -1,31 +1,25 @@
-"""Which batching and session settings serve most: our real server under the same load per setting.
+"""Which batching and session settings serve most: our server under the same load, one setting at a time.
 
-    .venv/bin/python -m benchmarks.batching_sweep                 # defaults: /classify, c=1 and 32
-    .venv/bin/python -m benchmarks.batching_sweep --duration 5 --settings "pf1.1=MAX_PADDING_FACTOR=1.1"
+    .venv/bin/python -m benchmarks.batching_sweep                 # /classify, c=1 and 32, every setting
+    .venv/bin/python -m benchmarks.batching_sweep --endpoint qa --settings "pf1.1=MAX_PADDING_FACTOR=1.1"
 
-Each setting starts `uvicorn app.main:app` on the SST-2 bundle alone with a few environment
-overrides, warms up, then runs the closed-loop load generator at each concurrency. Besides
-throughput and latency it reads the batcher's own histograms from /metrics: the mean batch size
-and the padded tokens per request, which explain the throughput. The defaults in app/backend/runtime.py
-(CPU_PADDING_FACTOR, resolve_instances) were chosen from this table.
-Writes benchmarks/results/batching_sweep.{json,md,png} (batching_sweep_<endpoint>.* for others).
+A preset of benchmarks/service_bench.py: our server alone on the endpoint's default bundle, `ours`
+with the service's defaults and `ours-NAME` with each setting's environment overrides, alternating
+over rounds. Besides throughput, latency and CPU, each row holds the batcher's own counters from
+/metrics: the mean batch size and the padded tokens per request, which explain the throughput. The
+CPU defaults in app/backend/runtime.py (CPU_PADDING_FACTOR, resolve_instances) were chosen from this
+table. Writes benchmarks/results/batching_sweep.* (batching_sweep_<endpoint>.* for other endpoints);
+other service_bench options pass through (--rounds, --classify-bundle, --out, ...).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import sys
-import time
-from pathlib import Path
-from typing import Any
 
-from benchmarks import bench_common as common
-from benchmarks import loadgen
+from benchmarks import service_bench
 
 DEFAULT_SETTINGS = {
-    "default": "",
     "padding-1.05": "MAX_PADDING_FACTOR=1.05",
     "padding-1.2": "MAX_PADDING_FACTOR=1.2",
     "padding-1.5": "MAX_PADDING_FACTOR=1.5",
@@ -40,166 +34,35 @@ DEFAULT_SETTINGS = {
 }
 
 
-def parse_settings(spec: str | None) -> dict[str, dict[str, str]]:
-    """'name=ENV=V ENV2=V2;name2=...' (or the defaults) -> {name: {ENV: V}}."""
-    pairs = DEFAULT_SETTINGS if spec is None else dict(p.split("=", 1) for p in spec.split(";") if p.strip())
-    out: dict[str, dict[str, str]] = {}
-    for name, env in pairs.items():
-        out[name.strip()] = dict(kv.split("=", 1) for kv in env.split())
-    return out
-
-
-def metric_sum(text: str, name: str) -> float:
-    """Sum over label sets of one Prometheus sample name in /metrics text."""
-    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", re.M)
-    return sum(float(m.group(1)) for m in pattern.finditer(text))
-
-
-def one_setting(name: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    import httpx
-
-    models_dir = args.work_dir / f"models-dir-{args.endpoint}"
-    models_dir.mkdir(parents=True, exist_ok=True)
-    link = models_dir / args.bundle.name
-    if not link.exists():
-        link.symlink_to(args.bundle.resolve(), target_is_directory=True)
-    # The service's own log level (its access log is part of the cost measured), unless set.
-    settings = {"DEVICE": "cpu", "LOG_LEVEL": os.environ.get("LOG_LEVEL", "INFO"), **env}
-    url, running = common.serve_ours(models_dir, args.work_dir / "logs" / f"{name}.log", **settings)
-    with running as pid:
-        model = httpx.get(f"{url}/models", timeout=10).json()["models"][0]
-        mix = {args.endpoint: 1.0}
-        loadgen.run(
-            loadgen.LoadConfig(
-                url=url, duration_s=args.warmup, concurrency=max(args.concurrency), endpoints=mix
-            )
-        )
-        levels = []
-        for level in args.concurrency:
-            before = httpx.get(f"{url}/metrics", timeout=10).text
-            cpu_before = common.tree_cpu_seconds(pid)
-            config = loadgen.LoadConfig(
-                url=url, duration_s=args.duration, concurrency=level, seed=args.seed, endpoints=mix
-            )
-            report = loadgen.run(config)
-            cpu = common.tree_cpu_seconds(pid) - cpu_before
-            after = httpx.get(f"{url}/metrics", timeout=10).text
-            delta = {
-                key: metric_sum(after, f"bert_batch_{key}") - metric_sum(before, f"bert_batch_{key}")
-                for key in ("size_sum", "size_count", "padded_tokens_sum")
-            }
-            ok, batches = report["ok"], delta["size_count"]
-            levels.append({
-                "concurrency": level,
-                "throughput_rps": report["throughput_rps"],
-                "latency_ms": report["latency_ms"],
-                "errors": report["errors"],
-                "mean_batch_size": round(delta["size_sum"] / batches, 2) if batches else None,
-                "padded_tokens_per_request": round(delta["padded_tokens_sum"] / ok, 1) if ok else None,
-                "cpu_seconds_per_1000_requests": round(1000 * cpu / ok, 3) if ok else None,
-            })  # fmt: skip
-            lat = report["latency_ms"]
-            print(
-                f"  {name:24} c={level:<3} {report['throughput_rps']:8.1f} req/s  p50 {lat['p50']} "
-                f"p99 {lat['p99']} ms  batch {levels[-1]['mean_batch_size']}  "
-                f"padded/req {levels[-1]['padded_tokens_per_request']}",
-                flush=True,
-            )
-    return {
-        "env": env,
-        "instances": model.get("instances"),
-        "intra_op_threads": model.get("intra_op_threads"),
-        "limits": model.get("limits"),
-        "levels": levels,
-    }
-
-
-def markdown(report: dict[str, Any]) -> str:
-    s = report["settings"]
-    lines = [
-        "# Batching and session settings under the same load",
-        "",
-        f"Generated {report['created_at']} by `{s['command']}`.",
-        "",
-        f"- Machine: {common.machine_line(report['machine'])}",
-        f"- Bundle `{s['bundle']}`, endpoint /{s['endpoint']}, closed loop {s['duration_s']} s per level "
-        f"after {s['warmup_s']} s warm-up; the load generator (benchmarks/loadgen.py) shares the cores.",
-        "",
-        "| setting | env | sessions x threads | concurrency | req/s | p50 ms | p99 ms | mean batch | "
-        "padded tokens / req | CPU-s / 1k req |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+def service_bench_args(argv: list[str] | None = None) -> list[str]:
+    """This sweep as service_bench's command line."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--endpoint", default="classify", choices=service_bench.ENDPOINTS)
+    p.add_argument("--settings", help="'name=ENV=V ENV2=V;name2=ENV=V' (default: the built-in sweep)")
+    p.add_argument("--concurrency", default="1,32", help="comma list")
+    p.add_argument("--duration", default="10", help="seconds per level")
+    p.add_argument("--warmup", default="3", help="seconds per server")
+    p.add_argument("--model-seconds", default="2", help="seconds per bare-model reference")
+    args, rest = p.parse_known_args(argv)
+    pairs = (
+        DEFAULT_SETTINGS
+        if args.settings is None
+        else dict(part.split("=", 1) for part in args.settings.split(";") if part.strip())
+    )
+    ablations = [f"{name.strip()}:{','.join(env.split())}" for name, env in pairs.items() if env.strip()]
+    stem = "batching_sweep" + ("" if args.endpoint == "classify" else f"_{args.endpoint}")
+    options = {"--endpoints": args.endpoint, "--servers": "ours", "--name": stem}
+    options |= {f"--{k.replace('_', '-')}": getattr(args, k) for k in ("concurrency", "duration", "warmup")}
+    options["--model-seconds"] = args.model_seconds
+    return [
+        *(x for item in options.items() for x in item),
+        *(x for a in ablations for x in ("--ablation", a)),
+        *rest,
     ]
-    for name, r in report["results"].items():
-        env = " ".join(f"{k}={v}" for k, v in r["env"].items()) or "(service defaults)"
-        for level in r["levels"]:
-            lat = level["latency_ms"]
-            lines.append(
-                f"| {name} | `{env}` | {r['instances']} x {r['intra_op_threads']} | {level['concurrency']} | "
-                f"{level['throughput_rps']:.1f} | {lat['p50']} | {lat['p99']} | {level['mean_batch_size']} | "
-                f"{level['padded_tokens_per_request']} | {level['cpu_seconds_per_1000_requests']} |"
-            )
-    return "\n".join(lines) + "\n"
-
-
-def plot(report: dict[str, Any], path: Path) -> None:
-    plt = common.pyplot()
-    top = max(report["settings"]["concurrency"])
-    names = list(report["results"])
-    rps = [
-        next(lv["throughput_rps"] for lv in report["results"][n]["levels"] if lv["concurrency"] == top)
-        for n in names
-    ]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.5))
-    ax.barh(names, rps, color="C0")
-    ax.invert_yaxis()
-    ax.set_xlabel(f"requests/s at concurrency {top}")
-    ax.set_title(f"/{report['settings']['endpoint']}: throughput by setting")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", type=Path, help="default: the endpoint's default bundle")
-    p.add_argument("--endpoint", default="classify", choices=("classify", "qa", "ner", "multiple-choice"))
-    p.add_argument("--settings", help="'name=ENV=V ENV2=V;name2=ENV=V' (default: the built-in sweep)")
-    p.add_argument("--concurrency", default="1,32", help="comma list")
-    p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--warmup", type=float, default=3.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--work-dir", type=Path, default=common.WORK / "batching_sweep")
-    p.add_argument("--out", type=Path, default=common.RESULTS)
-    args = p.parse_args(argv)
-    args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    args.bundle = args.bundle or common.default_bundle(args.endpoint)
-    common.require_bundle(args.bundle, args.endpoint)
-    settings = parse_settings(args.settings)
-    report: dict[str, Any] = {
-        "created_at": common.now(),
-        "machine": common.machine_info(),
-        "settings": {
-            "command": "python -m benchmarks.batching_sweep "
-            + " ".join(argv if argv is not None else sys.argv[1:]),
-            "bundle": str(args.bundle),
-            "endpoint": args.endpoint,
-            "concurrency": args.concurrency,
-            "duration_s": args.duration,
-            "warmup_s": args.warmup,
-        },
-        "results": {},
-    }
-    started = time.perf_counter()
-    for name, env in settings.items():
-        report["results"][name] = one_setting(name, env, args)
-    report["wall_s"] = round(time.perf_counter() - started, 1)
-    stem = (
-        "batching_sweep"
-        if args.endpoint == "classify"
-        else f"batching_sweep_{args.endpoint.replace('-', '_')}"
-    )
-    common.write_results(args.out, stem, report, markdown(report), lambda path: plot(report, path))
-    return 0
+    return service_bench.main(service_bench_args(argv))
 
 
 if __name__ == "__main__":

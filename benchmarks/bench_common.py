@@ -1,8 +1,6 @@
-"""What every benchmark shares: default model locations, the checkpoint a bundle was built from,
-MiniLM development models with random heads and the tests' tiny models, the machine description,
-line fits, the one timing loop, the one results writer, the one free port and the one server
-launcher. Torch is imported only where a checkpoint is built.
-"""
+"""What every benchmark shares: model locations, the checkpoint a bundle was built from, dev and tiny
+models, the machine description, line fits, the one timing loop, results writer, free port and server
+launcher. Torch is imported only where a checkpoint is built."""
 
 from __future__ import annotations
 
@@ -48,48 +46,44 @@ def default_checkpoint(task: str) -> Path:
     return ROOT / "runs" / DEFAULT_MODELS[task][1] / "best"
 
 
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+MEASURED = "torch onnxruntime onnx transformers numpy fastapi uvicorn tokenizers psutil".split()
+
+
 def machine_info(threads: int | None = None) -> dict[str, Any]:
     """CPU model, cores, memory, OS and the versions of the packages the benchmarks measure."""
     import platform
     from importlib import metadata
 
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {
-        "cpu": cpu,
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+
+    def version(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    try:  # psutil comes with the dev extras; a training environment may lack it
+        import psutil
+
+        memory = {"physical_cores": psutil.cpu_count(logical=False)}
+        memory["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        memory = {}
+    return {
+        "cpu": names[0] if names else platform.processor() or "unknown",
         "logical_cores": os.cpu_count(),
         "threads_used": threads or os.cpu_count() or 1,
-        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "load_average_at_start": list(os.getloadavg()),
         "os": platform.platform(),
         "python": platform.python_version(),
         # The model name does not tell an AVX2-only EPYC from an AVX512-VNNI one; these flags do,
         # and they decide the INT8 kernels (and the bf16 speed) measured.
         "isa": isa_flags(),
-        "versions": {},
+        "versions": {package: version(package) for package in MEASURED},
+        **memory,
     }
-    try:
-        import psutil
-
-        info["physical_cores"] = psutil.cpu_count(logical=False)
-        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
-    except ImportError:
-        pass
-    packages = "torch onnxruntime onnx transformers numpy fastapi uvicorn tokenizers psutil".split()
-    for package in packages:
-        try:
-            info["versions"][package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            info["versions"][package] = "not installed"
-    return info
-
-
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
 def isa_flags() -> list[str]:
@@ -331,34 +325,6 @@ def tree_rss_mb(pid: int) -> float:
     return round(sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20, 1)
 
 
-def wait_until_ready(
-    proc: subprocess.Popen, url: str, timeout_s: float, log_path: Path, ready_path: str = "/ready"
-) -> None:
-    """Poll GET ready_path until 200; fail at once if the process exits or reports a failed load."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    problem = None
-    while problem is None:
-        if proc.poll() is not None:
-            problem = f"exited with status {proc.returncode}"
-            break
-        try:
-            response = httpx.get(f"{url}{ready_path}", timeout=5)
-            if response.status_code == 200:
-                return
-            if response.headers.get("content-type", "").startswith("application/json"):
-                if response.json().get("status") == "failed":
-                    problem = f"reports a failed load: {response.text[:500]}"
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            problem = f"was not ready after {timeout_s:.0f}s"
-        time.sleep(0.25)
-    tail = log_path.read_text(errors="replace")[-3000:]
-    raise SystemExit(f"server at {url} {problem}; end of {log_path}:\n{tail}")
-
-
 @contextmanager
 def server(
     command: list[str],
@@ -369,15 +335,36 @@ def server(
     outcome: dict[str, Any] | None = None,
     ready_path: str = "/ready",
 ) -> Iterator[int]:
-    """Start a server process, wait for GET /ready, yield its pid; SIGTERM (then kill) on exit, with
-    its exit status in `outcome["exit_code"]`."""
+    """Start a server process, wait until GET ready_path answers 200 (failing at once if it exits or
+    reports a failed load), yield its pid; SIGTERM (then kill) on exit, with its exit status in
+    `outcome["exit_code"]`."""
+    import httpx
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             command, env={**os.environ, **env}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
         )
         try:
-            wait_until_ready(proc, url, ready_timeout, log_path, ready_path)
+            deadline, problem = time.monotonic() + ready_timeout, None
+            while problem is None:
+                try:
+                    response = httpx.get(f"{url}{ready_path}", timeout=5)
+                    if response.status_code == 200:
+                        break
+                    if response.headers.get("content-type", "").startswith("application/json"):
+                        if response.json().get("status") == "failed":
+                            problem = f"reports a failed load: {response.text[:500]}"
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None:
+                    problem = f"exited with status {proc.returncode}"
+                elif time.monotonic() > deadline:
+                    problem = f"was not ready after {ready_timeout:.0f}s"
+                time.sleep(0.25)
+            if problem is not None:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise SystemExit(f"server at {url} {problem}; end of {log_path}:\n{tail}")
             yield proc.pid
         finally:
             proc.terminate()

@@ -3,20 +3,19 @@
     .venv/bin/python -m benchmarks.breakdown                      # ~6 min, all three endpoints
     .venv/bin/python -m benchmarks.breakdown --endpoints classify --duration 5
 
-Two sources, side by side. The service's own timings: the per-stage histograms it exports
-(`bert_stage_seconds`: tokenize, queue, inference, postprocess) and its request latency, read from
-/metrics before and after each load. And a sampling profiler: py-spy samples every Python thread of
-the server (idle ones too) while the service benchmark's load generator drives it; each sample is
-put in one stage by its innermost frame that a rule below names. A stage's time per request is its
-share of a thread's samples times the load's wall time, over the requests served. The event loop
-is the server's main thread; "other threads" are the inference workers (their ORT run and
-collate) and the to_thread pool. py-spy needs ptrace (root, or CAP_SYS_PTRACE).
-Writes benchmarks/results/breakdown.{json,md}.
+Two sources, side by side: the service's own stage histograms (`bert_stage_seconds`) and request
+latency from /metrics around each load, and py-spy sampling every thread of the server (idle ones
+too) under loadgen.py's load, each sample put in the stage its innermost frame's rule names; a
+stage's ms per request is its share of a thread's samples times the wall time over the requests.
+"event loop" is the main thread; "other threads" the inference workers and the to_thread pool.
+py-spy needs ptrace (root, or CAP_SYS_PTRACE). Writes benchmarks/results/breakdown.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import re
 import subprocess
@@ -27,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import bench_common as common
-from benchmarks import loadgen
-from benchmarks.service_bench import our_server
+from benchmarks.service_bench import load_levels, our_server
 
 ENDPOINTS = ("classify", "embed", "qa")
 BUNDLES = {"classify": "sst2-minilm", "embed": "all-minilm-l6-v2", "qa": "squad-minilm"}
@@ -59,7 +57,7 @@ RULES: list[tuple[str, str, str]] = [
 STAGES = ["parse", "validate", "tokenize", "admission/queue", "collate/pad", "ORT run", "decode", "serialize"]
 STAGES += ["write", "http in (uvicorn)", "routing/middleware", "metrics/logs", "service glue"]
 STAGES += ["asyncio machinery", "other", "idle"]
-RATE, WARMUP_S = 200, 3.0  # py-spy samples per second; warm-up before the first level
+RATE = 200  # py-spy samples per second
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
 IDLE_LEAVES = re.compile(
     r"Runner\.run \(asyncio/runners\.py|run \(uvloop/|threading\.py|queue\.py|concurrent/futures/thread\.py"
@@ -107,41 +105,34 @@ def per_request_ms(samples: dict[str, Counter], duration_s: float, requests: int
     }
 
 
-def scrape(url: str) -> dict[tuple[str, ...], float]:
-    """Sums and counts of the stage and latency histograms from /metrics."""
+def scrape(url: str) -> dict[str, float]:
+    """Sums and counts of the stage histograms (by stage) and the request latency (by endpoint)."""
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
 
-    found: dict[tuple[str, ...], float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
-        if family.name not in ("bert_stage_seconds", "bert_request_latency_seconds"):
-            continue
-        for sample in family.samples:
-            if sample.name.endswith(("_sum", "_count")):
-                label = sample.labels.get("stage") or sample.labels.get("endpoint", "")
-                found[(family.name, label, sample.name.rsplit("_", 1)[1])] = sample.value
-    return found
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    pattern = (
+        r'^bert_(stage|request_latency)_seconds_(sum|count)\{[^}]*(?:stage|endpoint)="([^"]+)"[^}]*\} (\S+)$'
+    )
+    return {f"{m[1]} {m[3]} {m[2]}": float(m[4]) for m in re.finditer(pattern, text, re.M)}
 
 
-def own_timings(before: dict, after: dict, endpoint: str) -> dict[str, float]:
+def own_timings(before: dict[str, float], after: dict[str, float], endpoint: str) -> dict[str, float]:
     """The service's mean ms per request of each stage it times, and of the whole request."""
     out = {}
-    for family, label, kind in after:
-        if kind != "count" or (family == "bert_request_latency_seconds" and label != f"/{endpoint}"):
-            continue
-        n = after[(family, label, "count")] - before.get((family, label, "count"), 0.0)
-        total = after[(family, label, "sum")] - before.get((family, label, "sum"), 0.0)
-        if n > 0:
-            out["server total" if family == "bert_request_latency_seconds" else label] = round(
-                1000 * total / n, 3
-            )
+    for name in (key[: -len(" count")] for key in after if key.endswith(" count")):
+        kind, label = name.split(" ", 1)
+        n = after[f"{name} count"] - before.get(f"{name} count", 0.0)
+        if n > 0 and (kind == "stage" or label == f"/{endpoint}"):
+            total = after[f"{name} sum"] - before.get(f"{name} sum", 0.0)
+            out["server total" if kind != "stage" else label] = round(1000 * total / n, 3)
     return out
 
 
-def profile_level(url: str, pid: int, endpoint: str, level: int, args: argparse.Namespace) -> dict:
-    raw = args.work_dir / "breakdown" / f"{endpoint}-c{level}.txt"
+@contextlib.contextmanager
+def profiled(url: str, pid: int, args: argparse.Namespace, workload: str, level: int, row: dict):
+    """py-spy on every thread of the server and its stage timings around one level's load."""
+    raw = args.work_dir / "breakdown" / f"{workload}-c{level}.txt"
     raw.parent.mkdir(parents=True, exist_ok=True)
-    config = loadgen.LoadConfig(url, duration_s=args.duration, concurrency=level, endpoints={endpoint: 1.0})
     before = scrape(url)
     spy = subprocess.Popen(
         [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--rate", str(RATE)]
@@ -151,22 +142,12 @@ def profile_level(url: str, pid: int, endpoint: str, level: int, args: argparse.
         stderr=subprocess.PIPE,
     )
     time.sleep(0.3)  # py-spy attaches
-    report = loadgen.run(config)
+    yield
     _, err = spy.communicate(timeout=60)
     if spy.returncode != 0:
         raise SystemExit(f"py-spy failed ({spy.returncode}): {err.decode(errors='replace')[-800:]}")
-    after = scrape(url)
-    samples = parse_raw(raw.read_text())
-    return {
-        "concurrency": level,
-        "requests": report["ok"],
-        "errors": report["errors"],
-        "throughput_rps": report["throughput_rps"],
-        "client_latency_ms": report["latency_ms"],
-        "service_timings_ms": own_timings(before, after, endpoint),
-        "profile_ms_per_request": per_request_ms(samples, report["elapsed_s"], report["ok"]),
-        "samples": {k: dict(v) for k, v in samples.items()},
-    }
+    row["service_timings_ms"] = own_timings(before, scrape(url), workload)
+    row["samples"] = parse_raw(raw.read_text())
 
 
 def run_endpoint(endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -176,21 +157,16 @@ def run_endpoint(endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
     port = common.free_port()
     url = f"http://127.0.0.1:{port}"
     command, env = our_server([bundle], port, args.work_dir / "models-dir" / f"breakdown-{endpoint}", {})
-    log_path = args.work_dir / "logs" / f"breakdown-{endpoint}.log"
     print(f"/{endpoint}: {' '.join(command)}", flush=True)
-    with common.server(command, env, log_path, url, 300.0) as pid:
-        info = httpx.get(f"{url}/models", timeout=10).json()
-        (model,) = [m for m in info["models"] if m["status"] == "ready"]
-        loadgen.run(loadgen.LoadConfig(url, duration_s=WARMUP_S, concurrency=32, endpoints={endpoint: 1.0}))
-        levels = []
-        for level in args.concurrency:
-            row = profile_level(url, pid, endpoint, level, args)
-            print(
-                f"  c={level:<3} {row['throughput_rps']:8.1f} req/s  p50 {row['client_latency_ms']['p50']} ms"
-                f"  service {row['service_timings_ms']}",
-                flush=True,
-            )
-            levels.append(row)
+    with common.server(command, env, args.work_dir / "logs" / f"breakdown-{endpoint}.log", url, 300.0) as pid:
+        (model,) = [
+            m for m in httpx.get(f"{url}/models", timeout=10).json()["models"] if m["status"] == "ready"
+        ]
+        around = functools.partial(profiled, url, pid, args)
+        levels = load_levels(url, pid, [(endpoint, c) for c in args.concurrency], "ours", args, around)
+    for row in levels:
+        row["profile_ms_per_request"] = per_request_ms(row["samples"], row["elapsed_s"], row["ok"])
+        print(f"  c={row['concurrency']:<3} service {row['service_timings_ms']}", flush=True)
     return {"bundle": str(bundle), "model": model, "levels": levels}
 
 
@@ -225,19 +201,19 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(
                     f"| {stage} | " + " | ".join("" if c is None else f"{c:.3f}" for c in cells) + " |"
                 )
+        lat = [r["latency_ms"] for r in levels]
         rows = {"throughput, req/s": [f"{r['throughput_rps']:.1f}" for r in levels]}
-        rows["client p50 / p99, ms"] = [
-            f"{r['client_latency_ms']['p50']} / {r['client_latency_ms']['p99']}" for r in levels
-        ]
+        rows["client p50 / p99, ms"] = [f"{x['p50']} / {x['p99']}" for x in lat]
         for key in ("server total", "tokenize", "queue", "inference", "postprocess"):
             rows[f"service's own: {key}, mean ms"] = [
                 str(r["service_timings_ms"].get(key, "")) for r in levels
             ]
         lines += ["", "| | " + " | ".join(f"c={r['concurrency']}" for r in levels) + " |"]
-        lines += ["|---|" + "---:|" * len(levels)] + [
-            f"| {k} | " + " | ".join(v) + " |" for k, v in rows.items()
+        lines += [
+            "|---|" + "---:|" * len(levels),
+            *(f"| {k} | " + " | ".join(v) + " |" for k, v in rows.items()),
+            "",
         ]
-        lines.append("")
     return "\n".join(lines)
 
 
@@ -246,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoints", default=",".join(ENDPOINTS))
     p.add_argument("--concurrency", default="1,32")
     p.add_argument("--duration", type=float, default=15.0, help="seconds of profiled load per level")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the first level")
     p.add_argument("--bundles-dir", type=Path, default=common.ROOT / ".cache" / "bundles")
     p.add_argument("--work-dir", type=Path, default=common.WORK)
     p.add_argument("--out", type=Path, default=common.RESULTS)

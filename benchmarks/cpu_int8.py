@@ -1,13 +1,11 @@
 """The batch-invariant INT8 path against ORT's dynamic INT8, side by side in one run
-(`python -m benchmarks.cpu_int8 [--quick]`, on .cache/bundles/sst2-minilm).
+(`python -m benchmarks.cpu_int8 [--quick]`, on .cache/bundles/sst2-minilm): the bundle's `int8`
+(dynamic, not batch-invariant) and `int8-rowwise` (served), with `fused` fp32 as the reference.
 
-Candidates: the bundle's `int8` (dynamic, not batch-invariant), `int8-rowwise` (served) and
-benchmarks/cpu_candidates.py's. Speed at (1,128) and (32,128), 1 and 2 threads, in rounds of blocks
-(an untimed run, then timed ones) alternating candidates. Headline: CPU time per run (one thread:
-the calling thread's, where ORT computes; two: the process's), which other processes' time slices
-do not inflate; then wall medians. Invariance: SST-2 validation sentences alone against inside
-padded batches of 1..33 rows, bit for bit. Accuracy: SST-2 validation, and logits against fp32.
-Profile: ORT's per-operator time, one thread. Writes benchmarks/results/cpu_int8{,_quick}.*.
+CPU time per run (the headline: other processes' time slices do not inflate it) and wall at (1,128)
+and (32,128), 1 and 2 threads, in alternating blocks; rows alone against inside padded batches of
+1..33 rows; SST-2 accuracy and logits against fp32; ORT's per-operator profile. benchmarks/README.md
+has the details; retired candidates: docs/decisions.md. Writes benchmarks/results/cpu_int8{,_quick}.*.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import collections
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,30 @@ from typing import Any
 import numpy as np
 
 from benchmarks import bench_common as common
-from benchmarks.cpu_candidates import calibration_batches, candidates
+from export.verify import make_session
 
 TARGET = 1.05  # issue 30: the invariant path <= 1.05x dynamic INT8 at (1,128) and (32,128)
 SHAPES, THREADS = ((1, 128), (32, 128)), (1, 2)
 INT8 = "int8"
+
+
+class Candidate:
+    """A variant of the bundle, opened as the service opens it."""
+
+    def __init__(self, bundle: Path, name: str):
+        from export.bundle import load_bundle_manifest
+
+        variant = load_bundle_manifest(bundle).variants[name]
+        self.name, self.path = name, bundle / variant.file
+        self.disabled = list(variant.disabled_optimizers or [])
+
+    def session(self, threads: int):
+        return make_session(self.path, threads, self.disabled)
+
+
+def candidates(bundle: Path) -> list[Candidate]:
+    """`fused` (fp32: the accuracy reference, not timed), `int8` and `int8-rowwise`."""
+    return [Candidate(bundle, name) for name in ("fused", INT8, "int8-rowwise")]
 
 
 def feeds(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -88,9 +106,9 @@ def logits(session, encoded: list, size: int) -> np.ndarray:
 
 
 def quality(cands, bundle: Path, data: Path, quick: bool) -> dict[str, Any]:
-    from benchmarks.finetune import recipes
     from processing.tokenizer import TextTokenizer
     from train.evaluate import select_examples
+    from train.recipes import recipes
 
     _, examples = select_examples(recipes(data)["sst2"]["data"])
     examples = examples[:64] if quick else examples
@@ -200,7 +218,7 @@ def markdown(report: dict[str, Any]) -> str:
         rows += [[op, *(f"{p.get(op, 0):.0f}" for p in prof.values())] for op in ops]
         lines += [f"\n## Operator time, one thread, {shape} (µs per run, each node's fastest run)\n"]
         lines += table(["operator", *prof], rows)
-    return "\n".join([*lines, "", f"Notes: {json.dumps(report['notes'])}"])
+    return "\n".join(lines)
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -223,8 +241,6 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import sys
-
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=Path, default=common.default_bundle("classify"))
@@ -232,29 +248,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--block", type=int, default=8)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=common.RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.block = 2, 2
-    work = common.WORK / "cpu_int8"
     start = list(os.getloadavg())
-    calibration = calibration_batches(args.bundle, args.data, 16 if args.quick else 256)
-    cands, notes = candidates(args.bundle, work, calibration)
+    cands = candidates(args.bundle)
     timed = [c for c in cands if c.name != "fused"]
     command = " ".join(["python -m benchmarks.cpu_int8", *argv])
     report: dict[str, Any] = {"created_at": common.now(), "command": command}
     report["machine"] = common.machine_info()
-    report["notes"] = notes
     print("quality", flush=True)
     report["quality"] = quality(cands, args.bundle, args.data, args.quick)
     report["latency"] = [r for t in THREADS for r in latency(timed, SHAPES, t, args.rounds, args.block)]
     report["ratios"] = ratios(report)
     runs = {(1, 128): 3 if args.quick else 30, (32, 128): 1 if args.quick else 3}
     report["profiles"] = {
-        f"({b},{s})": {c.name: profile(c, b, s, runs[(b, s)]) for c in timed[:3]} for b, s in SHAPES
+        f"({b},{s})": {c.name: profile(c, b, s, runs[(b, s)]) for c in timed} for b, s in SHAPES
     }
     report["load_average"] = {"start": start, "end": list(os.getloadavg())}
     stem = "cpu_int8_quick" if args.quick else "cpu_int8"
-    common.write_results(common.RESULTS, stem, report, markdown(report), lambda p: plot(report, p))
+    common.write_results(args.out, stem, report, markdown(report), lambda p: plot(report, p))
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data
 STSB_DEV = Path("glue") / "STS-B" / "dev.tsv"
 
 CRAFTED = [

@@ -1,22 +1,13 @@
 """Faults injected into the running deployment under load: kill -9 of a replica, a rolling restart,
-and Prometheus' view of it all.
+and Prometheus' view of it all (deploy/README.md, "Faults under load").
 
     .venv/bin/python -m benchmarks.faults                          # default bundles, 3 replicas, 32 clients
     .venv/bin/python -m benchmarks.faults --tiny --quick --name faults_smoke   # test-size models, short
+    .venv/bin/python -m benchmarks.faults --stack compose          # deploy/docker-compose.yml as containers
 
-Brings up the compose topology locally (deploy/local/stack.py: 3 replicas on MODELS_DIR, nginx with
-deploy/nginx/nginx.conf, Prometheus with deploy/prometheus/prometheus.yml), then, with 32 closed-loop
-clients sending the loadgen mix (classify, NER, multiple choice, QA) through nginx:
-
-1. steady: no fault. Prometheus, queried through its HTTP API, must show every replica's target up
-   and the replicas' request counters must add up to exactly the requests the clients sent;
-2. kill -9: one replica is killed mid-load, and started again after a while (compose's restart policy);
-3. rolling restart: each replica in turn gets SIGTERM, is started again once it has exited, and the
-   roll moves on once it answers /ready.
-
-Every response and every connection error is counted; a run passes when no request failed. The
-nginx access log tells how many requests nginx retried on another replica. Writes
-benchmarks/results/<name>.{json,md,png}; exit status 0 only when every check held.
+Three phases under 32 closed-loop clients through nginx: steady (Prometheus must see every replica up
+and count exactly the requests sent), kill -9 of a replica, a rolling restart; every failed request is
+counted. Writes benchmarks/results/<name>.{json,md,png}; exit status 0 only when every check held.
 """
 
 from __future__ import annotations
@@ -26,38 +17,26 @@ import asyncio
 import json
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_common import (
-    RESULTS,
-    build_tiny_models,
-    free_port,
-    machine_info,
-    machine_line,
-    now,
-    pyplot,
-    write_results,
-)
-from benchmarks.loadgen import LoadConfig, Sample, percentiles, run_load
+from benchmarks import reliability as rel
+from benchmarks.bench_common import RESULTS, build_tiny_models, free_port, machine_info, now, pyplot
+from benchmarks.loadgen import LoadConfig, run_load
 from deploy.local.stack import NGINX_CONF, LocalStack, StackConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-
 INFERENCE = '{endpoint=~"/classify|/ner|/multiple-choice|/qa"}'
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "bert-serving.json"
+PHASES = ("steady", "kill9", "rolling_restart")
 
 
 @dataclass
-class Timing:
-    """Phase lengths in seconds. The defaults are the full benchmark; QUICK is the test suite's."""
-
+class Timing:  # seconds; the defaults are the full benchmark, QUICK the test suite's
     steady_requests: int = 2000
     kill_after_s: float = 10.0
     down_for_s: float = 10.0
@@ -72,119 +51,49 @@ TINY_ENV = {"MAX_QUEUE": "8192"}
 QUICK = Timing(steady_requests=300, kill_after_s=1.5, down_for_s=1.5, tail_s=1.5, max_phase_s=60.0)
 
 
-@dataclass
-class Phase:
-    name: str
-    report: dict[str, Any]
-    samples: list[Sample]
-    started: float  # perf_counter at the phase's start
-    events: list[tuple[float, str]] = field(default_factory=list)  # (s since start, what)
+def scenarios(stack: Any, timing: Timing) -> dict[str, Any]:
+    """Each phase's faults, as a coroutine on its Run."""
 
-    def event(self, what: str) -> None:
-        self.events.append((round(time.perf_counter() - self.started, 3), what))
-
-    def summary(self, retried: int) -> dict[str, Any]:
-        fault_window = [t for t, _ in self.events]
-        during = [
-            s.latency_s
-            for s in self.samples
-            if self.events and fault_window[0] <= s.sent_at - self.started <= fault_window[-1]
-        ]
-        return {
-            "requests": self.report["requests"],
-            "ok": self.report["ok"],
-            "errors": self.report["errors"],
-            "status_codes": self.report["status_codes"],
-            "schema_errors": self.report["schema_errors"],
-            "connection_errors": self.report["status_codes"].get("connection_error", 0),
-            "timeouts": self.report["status_codes"].get("timeout", 0),
-            "retried_by_nginx": retried,
-            "elapsed_s": self.report["elapsed_s"],
-            "throughput_rps": self.report["throughput_rps"],
-            "latency_ms": self.report["latency_ms"],
-            "latency_during_faults_ms": percentiles(during),
-            "requests_during_faults": len(during),
-            "events": [{"t_s": t, "event": what} for t, what in self.events],
-            "endpoints": {
-                name: {k: ep[k] for k in ("requests", "errors", "latency_ms")}
-                for name, ep in self.report["endpoints"].items()
-            },
-        }
-
-    def timeline(self) -> list[dict[str, Any]]:
-        """Per second of the phase (by send time): requests, failures, p50 and p99 ms, for the plot."""
-        return bin_timeline(
-            [(s.sent_at - self.started, s.latency_s, s.status.startswith("2") and s.schema_error is None)
-             for s in self.samples]
-        )  # fmt: skip
-
-
-def bin_timeline(rows: list[tuple[float, float, bool]], width_s: float = 1.0) -> list[dict[str, Any]]:
-    """(seconds since the phase started, latency in seconds, ok) -> one summary per `width_s` bin."""
-    bins: dict[int, list[tuple[float, bool]]] = {}
-    for t, latency, ok in rows:
-        bins.setdefault(int(t // width_s), []).append((latency, ok))
-    out = []
-    for i in sorted(bins):
-        stats = percentiles([latency for latency, _ in bins[i]])
-        failed = sum(not ok for _, ok in bins[i])
-        out.append({"t_s": i * width_s, "requests": len(bins[i]), "failed": failed,
-                    "p50_ms": stats["p50"], "p99_ms": stats["p99"]})  # fmt: skip
-    return out
-
-
-async def under_load(
-    name: str, config: LoadConfig, faults: Callable[[Phase], Awaitable[None]], tail_s: float
-) -> Phase:
-    """Run closed-loop load, inject `faults` meanwhile, keep the load on `tail_s` more, then stop it."""
-    stop, samples = asyncio.Event(), []
-    phase = Phase(name, {}, samples, time.perf_counter())
-    load = asyncio.create_task(run_load(config, stop=stop, samples=samples))
-    try:
-        await faults(phase)
-        await asyncio.sleep(tail_s)
-    finally:
-        stop.set()
-        phase.report = await load
-    return phase
-
-
-def kill9(stack: Any, index: int, timing: Timing) -> Callable[[Phase], Awaitable[None]]:
-    async def inject(phase: Phase) -> None:
-        await asyncio.sleep(timing.kill_after_s)
-        stack.signal_replica(index, signal.SIGKILL)
-        phase.event(f"kill -9 replica {index}")
-        await asyncio.to_thread(stack.wait_replica_exit, index)
-        await asyncio.sleep(timing.down_for_s)
-        stack.start_replica(index)
-        phase.event(f"replica {index} started")
-        await asyncio.to_thread(stack.wait_replica_ready, index)
-        phase.event(f"replica {index} ready")
-
-    return inject
-
-
-def rolling_restart(stack: Any, timing: Timing) -> Callable[[Phase], Awaitable[None]]:
-    async def inject(phase: Phase) -> None:
-        await asyncio.sleep(timing.kill_after_s)
-        for index in sorted(stack.replicas):
-            stack.signal_replica(index, signal.SIGTERM)
-            phase.event(f"SIGTERM replica {index}")
-            await asyncio.to_thread(stack.wait_replica_exit, index)
-            phase.event(f"replica {index} exited")
-            stack.start_replica(index)
-            await asyncio.to_thread(stack.wait_replica_ready, index)
-            phase.event(f"replica {index} ready")
-
-    return inject
-
-
-def steady(requests: int) -> Callable[[Phase], Awaitable[None]]:
-    async def wait_for_requests(phase: Phase) -> None:
-        while len(phase.samples) < requests:  # samples land as responses arrive
+    async def steady(run: rel.Run) -> None:
+        while len(run.samples) < timing.steady_requests:  # samples land as responses arrive
             await asyncio.sleep(0.05)
 
-    return wait_for_requests
+    async def restart(run: rel.Run, index: int, sig: signal.Signals, what: str) -> None:
+        stack.signal_replica(index, sig)
+        run.event(f"{what} replica {index}")
+        await asyncio.to_thread(stack.wait_replica_exit, index)
+        if sig == signal.SIGKILL:
+            await asyncio.sleep(timing.down_for_s)  # compose's restart policy takes a while
+            stack.start_replica(index)
+            run.event(f"replica {index} started")
+        else:
+            run.event(f"replica {index} exited")
+            stack.start_replica(index)
+        await asyncio.to_thread(stack.wait_replica_ready, index)
+        run.event(f"replica {index} ready")
+
+    async def kill9(run: rel.Run) -> None:
+        await asyncio.sleep(timing.kill_after_s)
+        await restart(run, sorted(stack.replicas)[1], signal.SIGKILL, "kill -9")
+
+    async def rolling_restart(run: rel.Run) -> None:
+        await asyncio.sleep(timing.kill_after_s)
+        for index in sorted(stack.replicas):
+            await restart(run, index, signal.SIGTERM, "SIGTERM")
+
+    return {"steady": steady, "kill9": kill9, "rolling_restart": rolling_restart}
+
+
+def summary(run: rel.Run, report: dict[str, Any], retried: int) -> dict[str, Any]:
+    """loadgen's report of the phase (less its config), with the faults' events and what happened then."""
+    during = run.latency_within([(run.events[0]["t_s"], run.events[-1]["t_s"])] if run.events else [])
+    return {k: v for k, v in report.items() if k != "config"} | {
+        "connection_errors": report["status_codes"].get("connection_error", 0),
+        "retried_by_nginx": retried,
+        "latency_during_faults_ms": during,
+        "requests_during_faults": during["requests"],
+        "events": run.events,
+    }
 
 
 # ------------------------------------------------------------------------------------------ Prometheus
@@ -198,93 +107,65 @@ def prometheus_query(url: str, expr: str) -> list[dict[str, Any]]:
     return body["data"]["result"]
 
 
-def scraped_state(stack: Any) -> dict[str, Any]:
-    url = stack.prometheus_url
-    up = {r["metric"]["instance"]: r["value"][1] == "1" for r in prometheus_query(url, 'up{job="bert-api"}')}
-    (total,) = prometheus_query(url, f"sum(bert_requests_total{INFERENCE})") or [{"value": [0, "0"]}]
-    by_status = {
-        r["metric"].get("status", "?"): int(float(r["value"][1]))
-        for r in prometheus_query(url, f"sum by (status) (bert_requests_total{INFERENCE})")
-    }
-    return {"targets_up": up, "requests_counted": int(float(total["value"][1])), "by_status": by_status}
-
-
 def wait_for_scrape(stack: Any, expected_requests: int, timeout_s: float) -> dict[str, Any]:
     """Poll Prometheus until every replica is up and the counters reach the clients' count (or timeout)."""
-    deadline = time.monotonic() + timeout_s
+    url, deadline = stack.prometheus_url, time.monotonic() + timeout_s
     while True:
-        state = scraped_state(stack)
-        done = set(state["targets_up"]) == stack.expected_targets() and all(state["targets_up"].values())
-        if (done and state["requests_counted"] >= expected_requests) or time.monotonic() > deadline:
-            state["expected_requests"] = expected_requests
-            state["all_targets_up"] = done
-            return state
+        targets = prometheus_query(url, 'up{job="bert-api"}')
+        up = {r["metric"]["instance"]: r["value"][1] == "1" for r in targets}
+        by_status = {
+            r["metric"].get("status", "?"): int(float(r["value"][1]))
+            for r in prometheus_query(url, f"sum by (status) (bert_requests_total{INFERENCE})")
+        }
+        done = set(up) == stack.expected_targets() and all(up.values())
+        if (done and sum(by_status.values()) >= expected_requests) or time.monotonic() > deadline:
+            return {"targets_up": up, "requests_counted": sum(by_status.values()), "by_status": by_status,
+                    "expected_requests": expected_requests, "all_targets_up": done}  # fmt: skip
         time.sleep(0.5)
 
 
 def evaluate_dashboard(prometheus_url: str, rate_interval: str = "30s") -> dict[str, int]:
     """Every Grafana panel query, evaluated by Prometheus: {expr: number of series returned}."""
-    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    results = {}
-    for panel in dashboard["panels"]:
-        for target in panel["targets"]:
-            expr = target["expr"].replace("$__rate_interval", rate_interval)
-            results[target["expr"]] = len(prometheus_query(prometheus_url, expr))
-    return results
-
-
-# ------------------------------------------------------------------------------------------ nginx log
-class AccessLog:
-    """Requests nginx passed to more than one replica (`up=a, b` in the access log) since a mark."""
-
-    def __init__(self, read: Callable[[], str]):
-        self.read, self.offset = read, 0
-
-    def mark(self) -> None:
-        self.offset = len(self.read())
-
-    def retried(self) -> int:
-        return sum(1 for line in self.read()[self.offset :].splitlines() if re.search(r" up=[^ ]+, ", line))
+    panels = json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"]
+    return {
+        t["expr"]: len(prometheus_query(prometheus_url, t["expr"].replace("$__rate_interval", rate_interval)))
+        for panel in panels
+        for t in panel["targets"]
+    }
 
 
 # ------------------------------------------------------------------------------------------ the run
 async def run_phases(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
-    def load(seed: int) -> LoadConfig:
-        return LoadConfig(
-            url=stack.url, concurrency=clients, duration_s=timing.max_phase_s, timeout_s=60.0, seed=seed
-        )
+    results: dict[str, Any] = {"timelines": {}}
+    for seed, (name, faults) in enumerate(scenarios(stack, timing).items()):
+        log_offset = len(stack.nginx_log())
+        config = LoadConfig(stack.url, None, timing.max_phase_s, concurrency=clients, timeout_s=60, seed=seed)
+        run = rel.Run(name)
 
-    log = AccessLog(stack.nginx_log)
-    results: dict[str, Any] = {}
-    phases: list[Phase] = []
-    for seed, (name, faults) in enumerate(
-        [
-            ("steady", steady(timing.steady_requests)),
-            ("kill9", kill9(stack, sorted(stack.replicas)[1], timing)),
-            ("rolling_restart", rolling_restart(stack, timing)),
-        ]
-    ):
-        log.mark()
-        phase = await under_load(name, load(seed), faults, 0.0 if name == "steady" else timing.tail_s)
-        phases.append(phase)
-        results[name] = phase.summary(log.retried())
+        def load(stop: asyncio.Event, config=config, run=run) -> Any:
+            return run_load(config, stop=stop, samples=run.samples)
+
+        report = await rel.under_load(run, load, faults, 0.0 if name == "steady" else timing.tail_s)
+        run.rows = [(s.sent_at - run.started, s.latency_s, s.status[0] == "2" and not s.schema_error, None)
+                    for s in run.samples]  # fmt: skip
+        # nginx passed a request to more than one replica: `up=a, b` in its access log
+        retried = len(re.findall(r" up=[^ \n]+, ", stack.nginx_log()[log_offset:]))
+        results[name] = summary(run, report, retried)
         if name == "steady":  # counters only add up before any replica restarts
             results[name]["prometheus"] = await asyncio.to_thread(
-                wait_for_scrape, stack, phase.report["requests"], timing.scrape_wait_s
+                wait_for_scrape, stack, report["requests"], timing.scrape_wait_s
             )
-    results["prometheus_after_faults"] = await asyncio.to_thread(
-        wait_for_scrape, stack, 0, timing.scrape_wait_s
-    )
-    results["timelines"] = {p.name: p.timeline() for p in phases[1:]}
+        else:
+            results["timelines"][name] = run.timeline()
+    after = await asyncio.to_thread(wait_for_scrape, stack, 0, timing.scrape_wait_s)
+    results["prometheus_after_faults"] = after
     return results
 
 
 def checks(results: dict[str, Any]) -> dict[str, bool]:
     prometheus = results["steady"]["prometheus"]
     return {
-        "steady_no_errors": results["steady"]["errors"] == 0,
-        "kill9_no_errors": results["kill9"]["errors"] == 0,
-        "rolling_restart_no_errors": results["rolling_restart"]["errors"] == 0,
+        **{f"{name}_no_errors": results[name]["errors"] == 0 for name in PHASES},
         "prometheus_all_targets_up": prometheus["all_targets_up"],
         "prometheus_counts_every_request": prometheus["requests_counted"] == prometheus["expected_requests"],
         "prometheus_targets_up_after_faults": results["prometheus_after_faults"]["all_targets_up"],
@@ -293,16 +174,9 @@ def checks(results: dict[str, Any]) -> dict[str, bool]:
 
 def local_stack(models_dir: Path, run_dir: Path, nginx_conf: Path = NGINX_CONF, **env: str) -> LocalStack:
     """The compose topology as host processes (deploy/local/stack.py)."""
-    config = StackConfig(
-        nginx_conf=nginx_conf,
-        models_dir=models_dir,
-        run_dir=run_dir,
-        replica_ports=[free_port() for _ in range(3)],
-        http_port=free_port(),
-        prometheus_port=free_port(),
-        env=env,
-    )
-    return LocalStack(config)
+    return LocalStack(StackConfig(nginx_conf=nginx_conf, models_dir=models_dir, run_dir=run_dir, env=env,
+                                  replica_ports=[free_port() for _ in range(3)], http_port=free_port(),
+                                  prometheus_port=free_port()))  # fmt: skip
 
 
 def run_stack(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
@@ -315,106 +189,57 @@ def run_stack(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
         results["dashboard_series"] = evaluate_dashboard(stack.prometheus_url)
     finally:
         stack.stop()
-    results["startup_s"] = round(startup_s, 1)
-    results["checks"] = checks(results)
-    return results
+    return {**results, "startup_s": round(startup_s, 1), "checks": checks(results)}
 
 
 # ------------------------------------------------------------------------------------------ output
 def markdown(report: dict[str, Any]) -> str:
-    r = report["results"]
-    lines = [
-        f"# Faults under load through nginx ({report['replicas']} replicas, {report['clients']} clients)",
-        "",
-        f"`{report['command']}` on {report['date']}. Models: `{report['models']}`; "
-        f"{report['nginx_conf']}"
-        + (f"; replica settings {report['replica_env']}" if report["replica_env"] else "")
-        + f". {report['machine_line']}",
-        "",
-        (
-            "`deploy/docker-compose.yml` itself as podman containers (`deploy/podman/stack.py`: the built "
-            "image's replicas on a read-only root, nginx and Prometheus; kill -9 is `podman kill -s KILL`, "
-            "the roll `podman stop` then `podman start`)"
-            if report.get("stack", "").startswith("deploy/docker-compose.yml")
-            else "The local compose topology (`deploy/local/stack.py`: nginx with `deploy/nginx/nginx.conf`, "
-            "Prometheus with `deploy/prometheus/prometheus.yml`, replicas with the compose environment)"
-        )
-        + " under closed-loop load of the loadgen mix (classify, NER, multiple choice, QA). Errors count "
-        "every non-2xx answer, schema violation, connection error and timeout the clients saw.",
+    r, series = report["results"], report["results"]["dashboard_series"]
+    endpoints, prometheus = list(r["steady"]["endpoints"]), r["steady"]["prometheus"]
+    body = [
+        f"The compose topology as {report['stack']}: {report['replicas']} replicas (models "
+        f"`{report['models']}`, settings {report['replica_env'] or 'the defaults'}), nginx with "
+        f"`deploy/nginx/nginx.conf`, Prometheus; {report['clients']} closed-loop clients on the loadgen mix "
+        "(classify, NER, multiple choice, QA). Errors count every non-2xx answer, schema violation, "
+        "connection error and timeout the clients saw.",
         "",
         "| phase | requests | errors | connection errors | retried by nginx | p50 ms | p99 ms "
         "| p99 ms during the fault | max ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name in ("steady", "kill9", "rolling_restart"):
-        p = r[name]
-        lat, during = p["latency_ms"], p["latency_during_faults_ms"]
-        lines.append(
-            f"| {name} | {p['requests']} | {p['errors']} | {p['connection_errors']} "
-            f"| {p['retried_by_nginx']} | {lat['p50']} | {lat['p99']} | {during['p99'] or '-'} "
-            f"| {lat['max']} |"
-        )
-    endpoints = list(r["steady"]["endpoints"])
-    lines += [
+        *(f"| {n} | {p['requests']} | {p['errors']} | {p['connection_errors']} | {p['retried_by_nginx']} "
+          f"| {p['latency_ms']['p50']} | {p['latency_ms']['p99']} "
+          f"| {p['latency_during_faults_ms']['p99'] or '-'} | {p['latency_ms']['max']} |"
+          for n, p in ((n, r[n]) for n in PHASES)),
         "",
         "p50 / p99 latency in ms per endpoint:",
         "",
         "| phase | " + " | ".join(f"/{e}" for e in endpoints) + " |",
         "|---|" + "---:|" * len(endpoints),
-    ]
-    for name in ("steady", "kill9", "rolling_restart"):
-        cells = [r[name]["endpoints"][e]["latency_ms"] for e in endpoints]
-        lines.append(f"| {name} | " + " | ".join(f"{c['p50']} / {c['p99']}" for c in cells) + " |")
-    prometheus = r["steady"]["prometheus"]
-    lines += [
+        *(f"| {n} | " + " | ".join(f"{c['p50']} / {c['p99']}" for c in (r[n]["endpoints"][e]["latency_ms"]
+          for e in endpoints)) + " |" for n in PHASES),
         "",
         "Events (seconds from the phase's start):",
         "",
-        *[
-            f"- {name}: " + "; ".join(f"{e['t_s']} s {e['event']}" for e in r[name]["events"])
-            for name in ("kill9", "rolling_restart")
-        ],
+        *(f"- {n}: " + "; ".join(f"{e['t_s']} s {e['event']}" for e in r[n]["events"]) for n in PHASES[1:]),
         "",
         f"Prometheus after the steady phase: targets up {prometheus['targets_up']}; inference requests "
         f"counted by the replicas {prometheus['requests_counted']} against {prometheus['expected_requests']} "
         f"sent by the clients (by status {prometheus['by_status']}). After the faults every target is up "
         f"again: {r['prometheus_after_faults']['all_targets_up']}. Every Grafana panel query evaluated: "
-        f"{sum(1 for n in r['dashboard_series'].values() if n)} of {len(r['dashboard_series'])} returned "
-        "series (the others select errors or rejections, of which there were none).",
-        "",
-        "Checks: " + ", ".join(f"{k} {'✓' if v else '✗'}" for k, v in r["checks"].items()),
-    ]
-    return "\n".join(lines)
+        f"{sum(1 for n in series.values() if n)} of {len(series)} returned series (the others select errors "
+        "or rejections, of which there were none).",
+    ]  # fmt: skip
+    return rel.markdown("Faults under load through nginx", {**report, "checks": r["checks"]}, body)
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    plt = pyplot()
     timelines = report["results"]["timelines"]
-    fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 3.6 * len(timelines)), squeeze=False)
+    fig, axes = pyplot().subplots(len(timelines), 1, figsize=(11, 3.6 * len(timelines)), squeeze=False)
     for ax, (name, bins) in zip(axes[:, 0], timelines.items(), strict=True):
-        t = [b["t_s"] for b in bins]
-        ax.plot(t, [b["p50_ms"] for b in bins], label="p50 per second")
-        ax.plot(t, [b["p99_ms"] for b in bins], label="p99 per second")
-        failed = [(b["t_s"], b["p99_ms"]) for b in bins if b["failed"]]
-        if failed:
-            ax.scatter(*zip(*failed, strict=True), s=24, c="red", marker="x", label="a second with failures")
-        for i, event in enumerate(report["results"][name]["events"]):
-            ax.axvline(event["t_s"], color="grey", linestyle="--", linewidth=0.8)
-            height = 0.98 if i % 2 == 0 else 0.45  # staggered: events often come in pairs
-            ax.annotate(event["event"], (event["t_s"], height), xycoords=("data", "axes fraction"),
-                        rotation=90, va="top", ha="right", fontsize=7)  # fmt: skip
-        summary = report["results"][name]
-        ax.set_title(
-            f"{name}: {summary['requests']} requests, {summary['errors']} errors, "
-            f"p99 {summary['latency_ms']['p99']} ms"
-        )
-        ax.set_yscale("log")
-        ax.set_xlabel("seconds since the phase started (request sent)")
-        ax.set_ylabel("latency, ms")
-        ax.legend(loc="lower right", fontsize=7, markerscale=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        s = report["results"][name]
+        title = f"{name}: {s['requests']} requests, {s['errors']} errors, p99 {s['latency_ms']['p99']} ms"
+        rel.plot_timeline(ax, bins, s["events"], title)
+    rel.save(fig, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -423,19 +248,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="the test suite's tiny random bundles (plumbing only)")
     p.add_argument("--quick", action="store_true", help="short phases (the test suite's timing)")
     p.add_argument("--clients", type=int, default=32)
-    p.add_argument(
-        "--stack",
-        choices=["local", "compose"],
-        default="local",
-        help="local: host processes (deploy/local/stack.py); compose: deploy/docker-compose.yml as "
-        "containers with podman-compose (deploy/podman/stack.py), on the built image and its own bundles",
-    )
+    p.add_argument("--stack", choices=["local", "compose"], default="local",
+                   help="local: host processes (deploy/local/stack.py); compose: deploy/docker-compose.yml "
+                   "as containers (deploy/podman/stack.py), on the built image and its bundles")  # fmt: skip
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="a replica setting")
-    p.add_argument(
-        "--nginx-conf-rev",
-        metavar="REV",
-        help="use deploy/nginx/nginx.conf as of this git revision (to compare with an older one)",
-    )
     p.add_argument("--name", default="faults")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(argv)
@@ -443,57 +259,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    models_dir, env = args.models_dir, {}
-    if args.tiny:
-        models_dir = build_tiny_models()
-        env = dict(TINY_ENV)
+    models_dir, env = (build_tiny_models(), dict(TINY_ENV)) if args.tiny else (args.models_dir, {})
     env |= dict(item.split("=", 1) for item in args.env)
     if args.stack == "local" and not list(models_dir.glob("*/bundle.json")):
         raise SystemExit(f"no bundles in {models_dir}: run `make models` (or pass --tiny)")
-    timing = QUICK if args.quick else Timing()
-    machine = machine_info()
+    timing, machine = QUICK if args.quick else Timing(), machine_info()
     if args.stack == "compose":
         from deploy.podman.stack import ComposeStack
 
-        results = run_stack(
-            ComposeStack(http_port=free_port(), prometheus_port=free_port()), args.clients, timing
-        )
+        compose = ComposeStack(http_port=free_port(), prometheus_port=free_port())
+        results = run_stack(compose, args.clients, timing)
+        stack, models = "`deploy/docker-compose.yml` run by podman (`deploy/podman/stack.py`)", "the image's"
     else:
         with tempfile.TemporaryDirectory(prefix="faults-") as run_dir:
-            nginx_conf = NGINX_CONF
-            if args.nginx_conf_rev:
-                nginx_conf = Path(run_dir) / "nginx.source.conf"
-                show = ["git", "show", f"{args.nginx_conf_rev}:deploy/nginx/nginx.conf"]
-                nginx_conf.write_text(
-                    subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout
-                )
-            stack = local_stack(models_dir, Path(run_dir) / "stack", nginx_conf, **env)
-            results = run_stack(stack, args.clients, timing)
-    command = " ".join(["python -m benchmarks.faults", *(argv if argv is not None else sys.argv[1:])])
+            results = run_stack(local_stack(models_dir, Path(run_dir) / "stack", **env), args.clients, timing)
+        stack = "host processes (`deploy/local/stack.py`)"
+        models = ", ".join(sorted(p.parent.name for p in models_dir.glob("*/bundle.json")))
     report = {
-        "command": command.strip(),
+        "command": rel.command("faults", argv),
         "date": now(),
-        "stack": "deploy/docker-compose.yml as containers (podman-compose)"
-        if args.stack == "compose"
-        else "host processes (deploy/local/stack.py)",
-        "models": "tiny test bundles"
-        if args.tiny
-        else "the image's five defaults"
-        if args.stack == "compose"
-        else ", ".join(sorted(p.parent.name for p in models_dir.glob("*/bundle.json"))),
-        "nginx_conf": f"deploy/nginx/nginx.conf as of {args.nginx_conf_rev or 'this commit'}",
+        "stack": stack,
+        "models": "tiny test bundles" if args.tiny else models,
         "replicas": 3,
         "clients": args.clients,
         "replica_env": env,
         "timing": timing.__dict__,
         "machine": machine,
-        "machine_line": machine_line(machine),
         "results": results,
-        "passed": all(results["checks"].values()),
+        "checks": results["checks"],
     }
-    write_results(args.out, args.name, report, markdown(report), lambda path: plot(report, path))
-    print(markdown(report))
-    return 0 if report["passed"] else 1
+    return rel.finish(args.out, args.name, report, markdown(report), lambda path: plot(report, path))
 
 
 if __name__ == "__main__":

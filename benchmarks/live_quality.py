@@ -2,113 +2,118 @@
 
     python -m benchmarks.live_quality [--tasks sst2,conll03,codah,squad] [--bundles .cache/bundles]
 
-Starts `uvicorn app.main:app` on the default bundles with the service's default settings (what
-`make serve` runs: the int8 variant on a CPU), sends every held-out example of each default's
-validation data (the recipe's own slice, `benchmarks/finetune.py`) as one request, and scores
-the answers with `python -m train.evaluate --url`'s code. Beside it, the same bundle variant is
-scored offline (ONNX Runtime in the trainer's evaluation loop, batched). Results:
-benchmarks/results/live_quality.{json,md}.
+`make serve`'s service (default bundles and settings) answers every held-out example of each default's
+validation data (the recipe's slice, train/recipes.py) as one request, scored by `python -m
+train.evaluate --url`'s code, beside the same variant scored offline. Writes
+benchmarks/results/live_quality.{json,md}. Also what embed_quality.py and rerank_quality.py share.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
 from benchmarks import bench_common as common
-from benchmarks.finetune import recipes
-from train.evaluate import evaluate_bundle, select_examples
-from train.live_eval import evaluate_live
+from train.recipes import recipes
 
-REPO = Path(__file__).resolve().parent.parent
+DATA = common.ROOT.parent / "shared" / "data"
 
-COMMAND = "python -m benchmarks.live_quality"
+
+def parser(doc: str, concurrency: int = 16) -> argparse.ArgumentParser:
+    """The options every quality run shares: where the bundles, the data and the results are."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bundles", type=Path, default=common.ROOT / ".cache" / "bundles")
+    p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--out", type=Path, default=common.RESULTS)
+    p.add_argument("--concurrency", type=int, default=concurrency)
+    return p
+
+
+@contextmanager
+def service(bundles: Path, log_name: str, url: str | None = None, **env: str) -> Iterator[str]:
+    """The URL of a running service: `url` as given, else ours started on `bundles` (stopped after)."""
+    if url:
+        yield url
+        return
+    url, running = common.serve_ours(bundles, common.WORK / f"{log_name}.log", **env)
+    with running:
+        yield url
 
 
 def served_variants(url: str) -> dict[str, str]:
     return {m["name"]: m["variant"] for m in httpx.get(f"{url}/models", timeout=30).json()["models"]}
 
 
+def validation(recipe: dict) -> str:
+    """A recipe's data options as results record them."""
+    return common.repo_relative(" ".join(recipe["data"]))
+
+
+def command(name: str) -> str:
+    return common.repo_relative(shlex.join(["python", "-m", f"benchmarks.{name}", *sys.argv[1:]]))
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--tasks", default="sst2,conll03,codah,squad")
-    parser.add_argument("--bundles", type=Path, default=REPO / ".cache" / "bundles")
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "live_quality.json")
-    args = parser.parse_args()
+    from train.evaluate import evaluate_bundle, select_examples
+    from train.live_eval import evaluate_live
+
+    p = parser(__doc__)
+    p.add_argument("--tasks", default="sst2,conll03,codah,squad")
+    args = p.parse_args()
     if not args.data.exists():
         print(f"{args.data} is absent: no task data to measure on; skipping")
         return
-    all_recipes = recipes(args.data)
-    names = args.tasks.split(",")
-    url, running = common.serve_ours(args.bundles, common.WORK / "live_quality.log")
-    results = {}
-    with running:
+    all_recipes, results = recipes(args.data), {}
+    with service(args.bundles, "live_quality") as url:
         variants = served_variants(url)
-        for name in names:
+        for name in args.tasks.split(","):
             recipe = all_recipes[name]
             task, examples = select_examples(recipe["data"])
             started = time.perf_counter()
-            live = evaluate_live(
-                url, task, examples, label_names=recipe.get("label_names"), concurrency=args.concurrency
-            )
-            results[name] = {
-                "bundle": recipe["bundle"],
-                "metric": recipe["metric"],
-                "variant": variants[recipe["bundle"]],
-                "examples": len(examples),
-                "validation": common.repo_relative(" ".join(recipe["data"])),
-                "live": live,
-                "live_seconds": time.perf_counter() - started,
-            }
+            names, bundle = recipe.get("label_names"), recipe["bundle"]
+            live = evaluate_live(url, task, examples, label_names=names, concurrency=args.concurrency)
+            results[name] = {"bundle": bundle, "metric": recipe["metric"], "variant": variants[bundle],
+                             "examples": len(examples), "validation": validation(recipe),
+                             "live": live, "live_seconds": time.perf_counter() - started}  # fmt: skip
             print(name, json.dumps(live), flush=True)
-    for name in names:
-        recipe, r = all_recipes[name], results[name]
+    for name, r in results.items():  # offline once the service is down: nothing competes for the cores
+        recipe = all_recipes[name]
         task, examples = select_examples(recipe["data"])
-        r["offline"] = evaluate_bundle(
-            args.bundles / recipe["bundle"],
-            r["variant"],
-            task,
-            examples,
-            recipe["data"],
-            label_names=recipe.get("label_names"),
-        )
-    print(merge_results(results, args.out))
+        bundle = args.bundles / r["bundle"]
+        r["offline"] = evaluate_bundle(bundle, r["variant"], task, examples, recipe["data"],
+                                       label_names=recipe.get("label_names"))  # fmt: skip
+    print(merge_results(results, args.out / "live_quality.json"))
 
 
 def merge_results(results: dict, path: Path) -> str:
     """Merge into earlier results (a `--tasks` subset keeps the others); returns the table."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    old = json.loads(path.read_text())["tasks"] if path.exists() else {}
-    merged = {**old, **results}
-    machine = common.machine_info()
-    report = {"command": COMMAND, "machine": machine, "tasks": merged}
+    merged = {**(json.loads(path.read_text())["tasks"] if path.exists() else {}), **results}
     lines = [
         "| default | metric | offline (bundle, batched) | through the service | service − offline | examples "
         "| variant | validation data |",
         "|---|---|---:|---:|---:|---:|---|---|",
     ]
     for name, r in merged.items():
-        m = r["metric"]
-        offline, live = r["offline"][m], r["live"][m]
-        lines.append(
-            f"| {name} ({r['bundle']}) | {m} | {offline:.4f} | {live:.4f} | {live - offline:+.4f} "
-            f"| {r['examples']} | {r['variant']} | `{r['validation']}` |"
-        )
-    table = "\n".join(lines)
+        offline, live = r["offline"][r["metric"]], r["live"][r["metric"]]
+        lines.append(f"| {name} ({r['bundle']}) | {r['metric']} | {offline:.4f} | {live:.4f} "
+                     f"| {live - offline:+.4f} | {r['examples']} | {r['variant']} "
+                     f"| `{r['validation']}` |")  # fmt: skip
     intro = (
-        f"Measured by `{COMMAND}`: one HTTP request per example to the live service on the default "
-        "bundles with default settings, scored by `python -m train.evaluate --url`.\n\n"
+        "Measured by `python -m benchmarks.live_quality`: one HTTP request per example to the live service "
+        "on the default bundles with default settings, scored by `python -m train.evaluate --url`.\n\n"
     )
-    common.write_results(path.parent, path.stem, report, intro + table, None)
-    return table
+    report = {"command": "python -m benchmarks.live_quality", "machine": common.machine_info()}
+    report["tasks"] = merged
+    common.write_results(path.parent, path.stem, report, intro + "\n".join(lines), None)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

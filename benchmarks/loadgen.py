@@ -2,16 +2,14 @@
 
 Open loop (`--rate R`): request i is due at start + i/R whatever the server does, and its latency
 is measured from that due time, so a slow server cannot hide its queueing (no coordinated
-omission). When `--concurrency` requests are already in flight a due request is dropped and
-counted, as k6's constant-arrival-rate executor does.
-Closed loop (`--concurrency N`, no `--rate`): N workers each send the next request as soon as
-the previous one returns; the benchmarks run it at concurrency 1/8/32/64.
+omission); a due request finding `--concurrency` in flight is dropped and counted, as k6's
+constant-arrival-rate executor does. Closed loop (`--concurrency N`, no `--rate`): N workers each
+send the next request as soon as the previous one returns.
 
     python -m benchmarks.loadgen --rate 50 --duration 30 --out results/load.json
     python -m benchmarks.loadgen --concurrency 8 --max-requests 2000 --endpoints classify=3,qa=1
 
-Only loopback targets are allowed unless --allow-remote is given. httpx is imported lazily so the
-payload and schema helpers can be reused (e.g. by the locustfile) without it.
+Only loopback targets are allowed unless --allow-remote is given. httpx is imported lazily.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import sys
 import time
 import urllib.parse
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +32,7 @@ from benchmarks import rawhttp
 from benchmarks.loadgen_payloads import (
     ENDPOINTS,
     PATHS,
+    POOL_SIZES,
     PROTOCOLS,
     from_wire,
     make_payload,
@@ -101,25 +100,24 @@ class LoadConfig:
 
     def validate(self) -> None:
         check_target(self.url, self.allow_remote)
-        if self.rate is not None and self.rate <= 0:
-            raise ValueError("--rate must be > 0")
-        if self.duration_s is None and self.max_requests is None:
-            raise ValueError("give --duration or --max-requests so the run is bounded")
-        if self.duration_s is not None and self.duration_s <= 0:
-            raise ValueError("--duration must be > 0")
-        if self.max_requests is not None and self.max_requests < 1:
-            raise ValueError("--max-requests must be >= 1")
-        if self.concurrency < 1:
-            raise ValueError("--concurrency must be >= 1")
-        if self.client not in ("raw", "httpx"):
-            raise ValueError(f"--client must be raw or httpx, got {self.client!r}")
-        if self.client == "raw" and not self.url.startswith("http://"):
-            raise ValueError("the raw client speaks plain http; use --client httpx for https")
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"--protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
-        unknown = set(self.endpoints) - set(PATHS)
-        if unknown:
-            raise ValueError(f"unknown endpoints {sorted(unknown)}")
+        unknown = sorted(set(self.endpoints) - set(PATHS))
+        problems = [
+            (self.rate is not None and self.rate <= 0, "--rate must be > 0"),
+            (self.duration_s is None and self.max_requests is None, "give --duration or --max-requests"),
+            (self.duration_s is not None and self.duration_s <= 0, "--duration must be > 0"),
+            (self.max_requests is not None and self.max_requests < 1, "--max-requests must be >= 1"),
+            (self.concurrency < 1, "--concurrency must be >= 1"),
+            (self.client not in ("raw", "httpx"), f"--client must be raw or httpx, got {self.client!r}"),
+            (
+                self.client == "raw" and not self.url.startswith("http://"),
+                "the raw client speaks plain http; use --client httpx for https",
+            ),
+            (self.protocol not in PROTOCOLS, f"--protocol must be one of {PROTOCOLS}"),
+            (bool(unknown), f"unknown endpoints {unknown}"),
+        ]
+        for failed, message in problems:
+            if failed:
+                raise ValueError(message)
 
 
 @dataclass
@@ -164,137 +162,75 @@ def _summary(samples: list[Sample], elapsed_s: float) -> dict[str, Any]:
 
 
 def build_report(config: LoadConfig, samples: list[Sample], elapsed_s: float, dropped: int) -> dict[str, Any]:
+    key = "***" if config.api_key else None
     return {
-        "config": {
-            **asdict(config),
-            "api_key": "***" if config.api_key else None,
-            "mode": "open" if config.rate else "closed",
-        },
+        "config": {**asdict(config), "api_key": key, "mode": "open" if config.rate else "closed"},
         "elapsed_s": round(elapsed_s, 3),
         "dropped": dropped,
         **_summary(samples, elapsed_s),
         "schema_error_examples": sorted({s.schema_error for s in samples if s.schema_error})[:5],
         "endpoints": {
-            name: _summary([s for s in samples if s.endpoint == name], elapsed_s) for name in config.endpoints
+            n: _summary([s for s in samples if s.endpoint == n], elapsed_s) for n in config.endpoints
         },
     }
-
-
-class _HttpxSender:
-    """httpx: used by the tests (in-process transports) and with --client httpx."""
-
-    def __init__(self, client: httpx.AsyncClient, headers: dict[str, str]):
-        self.client, self.headers = client, headers
-
-    async def send(self, path: str, body: bytes, request_id: str) -> tuple[str, bytes]:
-        import httpx
-
-        headers = {**self.headers, "X-Request-ID": request_id, "Content-Type": "application/json"}
-        try:
-            response = await self.client.post(path, content=body, headers=headers)
-        except httpx.TimeoutException:
-            return "timeout", b""
-        except httpx.HTTPError:
-            return "connection_error", b""
-        return str(response.status_code), response.content
-
-
-class _RawSender:
-    """benchmarks/rawhttp.py: keep-alive connections, request bytes encoded once per payload."""
-
-    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]):
-        host, port = rawhttp.host_port(url)
-        self.pool = rawhttp.ConnectionPool(host, port)
-        self.timeout_s, self.headers, self.host = timeout_s, headers, f"{host}:{port}"
-        self.encoded: dict[int, bytes] = {}
-
-    async def send(self, path: str, body: bytes, request_id: str) -> tuple[str, bytes]:
-        raw = self.encoded.get(id(body))
-        if raw is None:  # no per-request Python beyond the socket
-            raw = self.encoded[id(body)] = rawhttp.encode_request("POST", path, body, self.headers, self.host)
-        try:
-            response = await self.pool.request(raw, self.timeout_s)
-        except asyncio.TimeoutError:
-            return "timeout", b""
-        except rawhttp.HTTPError:
-            return "connection_error", b""
-        return str(response.status), response.body
-
-    async def close(self) -> None:
-        await self.pool.close()
 
 
 class _Runner:
     """Issues requests and records samples. Responses are kept and checked against the schema
     after the clock stops, so parsing them costs the measured server no CPU."""
 
-    def __init__(
-        self,
-        config: LoadConfig,
-        sender: _HttpxSender | _RawSender,
-        stop: asyncio.Event | None = None,
-        samples: list[Sample] | None = None,
-    ):
-        self.config, self.sender, self.stop = config, sender, stop
+    def __init__(self, config: LoadConfig, send, stop: asyncio.Event | None, samples: list[Sample] | None):
+        self.config, self.send, self.stop = config, send, stop
         self.rng = rng = random.Random(config.seed)
         self.names = [n for n, w in config.endpoints.items() if w > 0]
         self.weights = [config.endpoints[n] for n in self.names]
-        self.pools = {n: [make_payload(n, rng) for _ in range(POOL_SIZE)] for n in self.names}
-        wire = {n: [to_wire(config.protocol, n, p) for p in pool] for n, pool in self.pools.items()}
-        self.paths = {n: [path for path, _ in forms] for n, forms in wire.items()}
-        self.bodies = {n: [json.dumps(body).encode() for _, body in forms] for n, forms in wire.items()}
+        self.pools = {
+            n: [make_payload(n, rng) for _ in range(POOL_SIZES.get(n, POOL_SIZE))] for n in self.names
+        }
+        self.wire = {n: [to_wire(config.protocol, n, p) for p in pool] for n, pool in self.pools.items()}
+        self.bodies = {n: [json.dumps(body).encode() for _, body in forms] for n, forms in self.wire.items()}
         self.samples: list[Sample] = [] if samples is None else samples  # filled as responses arrive
         self.to_check: list[tuple[Sample, str, dict[str, Any], bytes]] = []
         self.issued = 0
 
     async def one(self, due: float) -> None:
         endpoint = self.rng.choices(self.names, self.weights)[0]
-        index = self.rng.randrange(POOL_SIZE)
-        payload, body = self.pools[endpoint][index], self.bodies[endpoint][index]
+        index = self.rng.randrange(len(self.pools[endpoint]))
+        path, body = self.wire[endpoint][index][0], self.bodies[endpoint][index]
         self.issued += 1
-        request_id = f"loadgen-{self.config.seed}-{self.issued}"
-        status, content = await self.sender.send(self.paths[endpoint][index], body, request_id)
+        status, content = await self.send(path, body, f"loadgen-{self.config.seed}-{self.issued}")
         # perf_counter: uvloop's loop.time() ticks in ms
         sample = Sample(endpoint, status, time.perf_counter() - due, sent_at=due)
         self.samples.append(sample)
         if self.config.check_schema and status.startswith("2"):
-            self.to_check.append((sample, endpoint, payload, content))
+            self.to_check.append((sample, endpoint, self.pools[endpoint][index], content))
 
     def check_schemas(self) -> None:
+        protocol = self.config.protocol
         for sample, endpoint, payload, content in self.to_check:
             try:
-                answer = from_wire(self.config.protocol, endpoint, json.loads(content))
+                answer = from_wire(protocol, endpoint, json.loads(content))
                 sample.schema_error = validate_response(endpoint, payload, answer)
             except json.JSONDecodeError:
                 sample.schema_error = "response is not JSON"
             except (KeyError, IndexError, TypeError, ValueError) as e:
-                sample.schema_error = f"unexpected {self.config.protocol} response: {e!r}"
-        self.to_check.clear()
+                sample.schema_error = f"unexpected {protocol} response: {e!r}"
 
-    def more(self, started: float, now: float) -> bool:
-        cfg = self.config
-        if self.stop is not None and self.stop.is_set():
-            return False
-        if cfg.max_requests is not None and self.issued >= cfg.max_requests:
-            return False
-        return cfg.duration_s is None or now - started < cfg.duration_s
+    def stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
 
     async def open_loop(self) -> int:
-        assert self.config.rate
-        interval = 1.0 / self.config.rate
-        total = math.inf
-        if self.config.duration_s is not None:  # arrivals at 0, 1/R, ... strictly before the end
-            total = math.ceil(self.config.duration_s * self.config.rate - 1e-9)
-        if self.config.max_requests is not None:
-            total = min(total, self.config.max_requests)
+        cfg = self.config
+        total = math.inf if cfg.duration_s is None else math.ceil(cfg.duration_s * cfg.rate - 1e-9)
+        total = min(total, cfg.max_requests or math.inf)  # arrivals at 0, 1/R, ... strictly before the end
         started = time.perf_counter()
         in_flight: set[asyncio.Task[None]] = set()
         dropped = arrivals = 0
-        while arrivals < total and not (self.stop is not None and self.stop.is_set()):
-            due = started + arrivals * interval
+        while arrivals < total and not self.stopped():
+            due = started + arrivals / cfg.rate
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             arrivals += 1
-            if len(in_flight) >= self.config.concurrency:
+            if len(in_flight) >= cfg.concurrency:
                 dropped += 1
                 continue
             task = asyncio.create_task(self.one(due))
@@ -303,14 +239,23 @@ class _Runner:
         await asyncio.gather(*in_flight)
         return dropped
 
-    async def closed_loop(self) -> int:
+    async def measure(self) -> dict[str, Any]:
         started = time.perf_counter()
+        dropped = await (self.open_loop() if self.config.rate else self.closed_loop())
+        elapsed = time.perf_counter() - started
+        self.check_schemas()
+        return build_report(self.config, self.samples, elapsed, dropped)
+
+    async def closed_loop(self) -> int:
+        cfg, started = self.config, time.perf_counter()
 
         async def worker() -> None:
-            while self.more(started, time.perf_counter()):
+            while not self.stopped() and (cfg.max_requests is None or self.issued < cfg.max_requests):
+                if cfg.duration_s is not None and time.perf_counter() - started >= cfg.duration_s:
+                    return
                 await self.one(time.perf_counter())
 
-        await asyncio.gather(*(worker() for _ in range(self.config.concurrency)))
+        await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
         return 0
 
 
@@ -325,36 +270,52 @@ async def run_load(
 
     `stop` ends the run early when set (the duration and request bounds still hold); `samples`, when
     given, receives every request's Sample as its response arrives (e.g. to plot latency over time).
+    A send returns (status as text, or "timeout" / "connection_error"; the body).
     """
     config.validate()
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    if transport is None and config.client == "raw":
-        sender = _RawSender(config.url, config.timeout_s, headers)
-        try:
-            return await _measure(config, sender, stop, samples)
-        finally:
-            await sender.close()
-    import httpx
+    if transport is None and config.client == "raw":  # benchmarks/rawhttp.py: keep-alive, lean
+        host, port = rawhttp.host_port(config.url)
+        pool, encoded = rawhttp.ConnectionPool(host, port), {}
 
+        async def send(path: str, body: bytes, request_id: str) -> tuple[str, bytes]:
+            raw = encoded.get(id(body))
+            if raw is None:  # encoded once per payload: no per-request Python beyond the socket
+                raw = encoded[id(body)] = rawhttp.encode_request(
+                    "POST", path, body, headers, f"{host}:{port}"
+                )
+            try:
+                response = await pool.request(raw, config.timeout_s)
+            except asyncio.TimeoutError:
+                return "timeout", b""
+            except rawhttp.HTTPError:
+                return "connection_error", b""
+            return str(response.status), response.body
+
+        try:
+            return await _Runner(config, send, stop, samples).measure()
+        finally:
+            await pool.close()
+    import httpx  # the tests' in-process transports, and --client httpx
+
+    headers["Content-Type"] = "application/json"
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
     async with httpx.AsyncClient(
         base_url=config.url, timeout=config.timeout_s, limits=limits, transport=transport
     ) as client:
-        return await _measure(config, _HttpxSender(client, headers), stop, samples)
 
+        async def send(path: str, body: bytes, request_id: str) -> tuple[str, bytes]:
+            try:
+                response = await client.post(
+                    path, content=body, headers={**headers, "X-Request-ID": request_id}
+                )
+            except httpx.TimeoutException:
+                return "timeout", b""
+            except httpx.HTTPError:
+                return "connection_error", b""
+            return str(response.status_code), response.content
 
-async def _measure(
-    config: LoadConfig,
-    sender: _HttpxSender | _RawSender,
-    stop: asyncio.Event | None = None,
-    samples: list[Sample] | None = None,
-) -> dict[str, Any]:
-    runner = _Runner(config, sender, stop, samples)
-    started = time.perf_counter()
-    dropped = await (runner.open_loop() if config.rate else runner.closed_loop())
-    elapsed = time.perf_counter() - started
-    runner.check_schemas()
-    return build_report(config, runner.samples, elapsed, dropped)
+        return await _Runner(config, send, stop, samples).measure()
 
 
 def run_async(coroutine: Any) -> Any:
@@ -389,46 +350,34 @@ async def wait_ready(url: str, timeout_s: float, transport: httpx.AsyncBaseTrans
 
 def closed_loop_sweep(config: LoadConfig, levels: list[int]) -> list[dict[str, Any]]:
     """The benchmarks' table: one closed-loop run per concurrency level."""
-    return [run(LoadConfig(**{**asdict(config), "rate": None, "concurrency": level})) for level in levels]
+    return [run(replace(config, rate=None, concurrency=level)) for level in levels]
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[LoadConfig, argparse.Namespace]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default=DEFAULT_URL)
-    p.add_argument("--rate", type=float, help="requests/s, open loop; omit for closed loop")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds (0 = until --max-requests)")
-    p.add_argument("--max-requests", type=int)
-    p.add_argument("--concurrency", type=int, help="closed loop: workers (8); open loop: in-flight cap (256)")
-    p.add_argument("--sweep", help="closed loop at each concurrency level, e.g. 1,8,32,64")
-    p.add_argument("--endpoints", default="all", help="'all', 'classify,qa' or 'classify=3,ner=1'")
-    p.add_argument("--timeout", type=float, default=30.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--api-key", help="sent as a Bearer token")
-    p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --url")
-    p.add_argument("--no-schema-check", action="store_true")
-    p.add_argument(
-        "--client", choices=("raw", "httpx"), default="raw", help="raw: lean HTTP/1.1; httpx: https"
-    )
-    p.add_argument("--protocol", choices=PROTOCOLS, default="ours", help="a peer's request shape")
-    p.add_argument("--wait-ready", type=float, default=0.0, help="first wait up to N s for GET /ready")
-    p.add_argument("--out", type=Path, help="write the JSON report here")
+    add = p.add_argument
+    add("--url", default=DEFAULT_URL)
+    add("--rate", type=float, help="requests/s, open loop; omit for closed loop")
+    add("--duration", dest="duration_s", type=float, default=10.0, help="seconds (0 = until --max-requests)")
+    add("--max-requests", type=int)
+    add("--concurrency", type=int, help="closed loop: workers (8); open loop: in-flight cap (256)")
+    add("--sweep", help="closed loop at each concurrency level, e.g. 1,8,32,64")
+    add("--endpoints", default="all", help="'all', 'classify,qa' or 'classify=3,ner=1'")
+    add("--timeout", dest="timeout_s", type=float, default=30.0)
+    add("--seed", type=int, default=0)
+    add("--api-key", help="sent as a Bearer token")
+    add("--allow-remote", action="store_true", help="allow a non-loopback --url")
+    add("--no-schema-check", dest="check_schema", action="store_false")
+    add("--client", choices=("raw", "httpx"), default="raw", help="raw: lean HTTP/1.1; httpx: https")
+    add("--protocol", choices=PROTOCOLS, default="ours", help="a peer's request shape")
+    add("--wait-ready", type=float, default=0.0, help="first wait up to N s for GET /ready")
+    add("--out", type=Path, help="write the JSON report here")
     args = p.parse_args(argv)
+    fields = {k: v for k, v in vars(args).items() if k in LoadConfig.__dataclass_fields__}
+    fields |= {"url": args.url.rstrip("/"), "duration_s": args.duration_s or None}
+    fields["concurrency"] = args.concurrency or (256 if args.rate else 8)
     try:
-        config = LoadConfig(
-            url=args.url.rstrip("/"),
-            rate=args.rate,
-            duration_s=args.duration or None,
-            max_requests=args.max_requests,
-            concurrency=args.concurrency or (256 if args.rate else 8),
-            endpoints=parse_mix(args.endpoints),
-            timeout_s=args.timeout,
-            seed=args.seed,
-            api_key=args.api_key,
-            allow_remote=args.allow_remote,
-            check_schema=not args.no_schema_check,
-            client=args.client,
-            protocol=args.protocol,
-        )
+        config = LoadConfig(**fields | {"endpoints": parse_mix(args.endpoints)})
         config.validate()
         if args.sweep and args.rate:
             raise ValueError("--sweep is closed loop; drop --rate")
@@ -437,34 +386,33 @@ def parse_args(argv: list[str] | None = None) -> tuple[LoadConfig, argparse.Name
     return config, args
 
 
-def _print_summary(report: dict[str, Any]) -> None:
-    cfg, lat = report["config"], report["latency_ms"]
-    print(
-        f"{cfg['mode']}-loop c={cfg['concurrency']}: {report['requests']} requests, {report['ok']} ok, "
-        f"{report['errors']} errors, {report['dropped']} dropped, {report['throughput_rps']} req/s, "
-        f"p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} ms"
-    )
-    for name, ep in report["endpoints"].items():
-        ep_lat, errors = ep["latency_ms"], ep["errors_by_status"] or 0
-        print(
-            f"  {name:16} {ep['requests']:6} req  p50 {ep_lat['p50']} p99 {ep_lat['p99']} ms  errors {errors}"
-        )
-    if report["schema_error_examples"]:
-        print("  schema errors, e.g.:", *report["schema_error_examples"], sep="\n    ")
-
-
 def main(argv: list[str] | None = None) -> int:
     config, args = parse_args(argv)
     if args.wait_ready:
         run_async(wait_ready(config.url, args.wait_ready))
     sweep = [int(x) for x in args.sweep.split(",") if x.strip()] if args.sweep else []
     reports = closed_loop_sweep(config, sweep) if sweep else [run(config)]
-    result = {"runs": reports} if sweep else reports[0]
     for report in reports:
-        _print_summary(report)
+        lat = report["latency_ms"]
+        cfg = report["config"]
+        print(
+            f"{cfg['mode']}-loop c={cfg['concurrency']}: {report['requests']} requests, {report['ok']} ok, "
+            f"{report['errors']} errors, {report['dropped']} dropped, "
+            f"{report['throughput_rps']} req/s, p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} ms"
+        )
+        for name, ep in report["endpoints"].items():
+            lat = ep["latency_ms"]
+            errors = ep["errors_by_status"] or 0
+            print(
+                f"  {name:16} {ep['requests']:6} req  p50 {lat['p50']} p99 {lat['p99']} ms  errors {errors}"
+            )
+        if report["schema_error_examples"]:
+            print("  schema errors, e.g.:", *report["schema_error_examples"], sep="\n    ")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        args.out.write_text(
+            json.dumps({"runs": reports} if sweep else reports[0], indent=2) + "\n", encoding="utf-8"
+        )
     return 0 if all(r["errors"] == 0 and r["dropped"] == 0 for r in reports) else 1
 
 

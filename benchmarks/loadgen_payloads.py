@@ -7,14 +7,21 @@ enough to need several windows.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import random
 from typing import Any
 
 ENDPOINTS = {"classify": "/classify", "ner": "/ner", "multiple-choice": "/multiple-choice", "qa": "/qa"}
 # Every endpoint a load may name; "all" (ENDPOINTS) is the four-task mix the deploy stack serves.
-# embed-32: 32 sentences per request; classify-25w: two sentences, ~25 words (the peer workloads).
-PATHS = {**ENDPOINTS, "embed": "/embed", "embed-32": "/embed", "classify-25w": "/classify"}
-BASE = {"embed-32": "embed", "classify-25w": "classify"}  # their schema
+# embed-32: 32 sentences per request; classify-25w: two sentences, ~25 words (the peer workloads);
+# embed-varied(-32): 1 (32) of the 200 varied texts of embed_data.py, some past 256 tokens (against
+# sentence-transformers); *-zipf: Zipf-ranked (s=1.1) over 1,000 distinct sentences (the response cache).
+BASE = {"embed-32": "embed", "classify-25w": "classify", "embed-varied": "embed", "embed-varied-32": "embed"}
+BASE |= {"embed-zipf": "embed", "classify-zipf": "classify"}  # their schema
+PATHS = {**ENDPOINTS, "embed": "/embed", **{name: f"/{base}" for name, base in BASE.items()}}
+POOL_SIZES = {"embed-zipf": 4096, "classify-zipf": 4096}  # prepared payloads: a sample of the Zipf law
+ZIPF_S, DISTINCT = 1.1, 1000
 PROTOCOLS = ("ours", "openai", "v2")  # openai: Infinity's /embeddings; v2: MLServer's Open Inference
 PEER_MODEL = "peer"  # the model name the peers serve under (Infinity, MLServer)
 
@@ -102,7 +109,32 @@ def make_payload(endpoint: str, rng: random.Random) -> dict[str, Any]:
         return {"inputs": [rng.choice(SENTENCES) for _ in range(32)]}
     if endpoint == "classify-25w":
         return {"text": " ".join(rng.sample(SENTENCES, 2))}
+    if endpoint.startswith("embed-varied"):
+        texts, count = _varied(), 32 if endpoint.endswith("32") else 1
+        start = rng.randrange(len(texts))
+        return {"inputs": [texts[(start + i) % len(texts)] for i in range(count)]}
+    if endpoint.endswith("-zipf"):
+        text = rng.choices(_distinct(), cum_weights=_zipf_weights())[0]
+        return {"inputs": text} if endpoint == "embed-zipf" else {"text": text}
     raise ValueError(f"unknown endpoint {endpoint!r}; choose from {sorted(PATHS)}")
+
+
+@functools.cache
+def _varied() -> list[str]:
+    from benchmarks.embed_data import DATA, varied_sentences
+
+    return varied_sentences(DATA)
+
+
+@functools.cache
+def _distinct() -> list[str]:
+    combos = itertools.product(PEOPLE, CITIES, ORGS, range(1950, 2000), JOBS)
+    return [_fact_sentence(*combo) for combo in itertools.islice(combos, 0, DISTINCT * 7, 7)]
+
+
+@functools.cache
+def _zipf_weights() -> list[float]:
+    return list(itertools.accumulate(1 / (k + 1) ** ZIPF_S for k in range(DISTINCT)))
 
 
 def to_wire(protocol: str, endpoint: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -142,13 +174,19 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _check_span(item: dict[str, Any], source: str, what: str) -> str | None:
-    """Offsets must be ints inside `source` and point at the reported text."""
-    start, end = item.get("start"), item.get("end")
-    if not (_is_int(start) and _is_int(end) and 0 <= start <= end <= len(source)):
-        return f"{what} has bad offsets start={start!r} end={end!r}"
-    if source[start:end] != item.get("text"):
-        return f"{what} text {item.get('text')!r} != source[{start}:{end}] {source[start:end]!r}"
+def _span_problem(items: list[Any], source: str, what: str, field: str) -> str | None:
+    """Each item needs `field` (a str, or a number for score) and a score, and offsets that are ints
+    inside `source` pointing at its text."""
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not _is_number(item.get("score")):
+            return f"{what} {i} needs score: float"
+        if field != "score" and not isinstance(item.get(field), str):
+            return f"{what} {i} needs {field}: str and score: float"
+        start, end = item.get("start"), item.get("end")
+        if not (_is_int(start) and _is_int(end) and 0 <= start <= end <= len(source)):
+            return f"{what} {i} has bad offsets start={start!r} end={end!r}"
+        if source[start:end] != item.get("text"):
+            return f"{what} {i} text {item.get('text')!r} != source[{start}:{end}] {source[start:end]!r}"
     return None
 
 
@@ -180,17 +218,7 @@ def validate_response(endpoint: str, request: dict[str, Any], body: Any) -> str 
         entities = body.get("entities")
         if not isinstance(entities, list):
             return "ner needs an entities list"
-        for i, ent in enumerate(entities):
-            if (
-                not isinstance(ent, dict)
-                or not isinstance(ent.get("entity"), str)
-                or not _is_number(ent.get("score"))
-            ):
-                return f"entity {i} needs entity: str and score: float"
-            problem = _check_span(ent, request["text"], f"entity {i}")
-            if problem:
-                return problem
-        return None
+        return _span_problem(entities, request["text"], "entity", "entity")
     if endpoint == "multiple-choice":
         choices, scores, best = request["choices"], body.get("scores"), body.get("best")
         if not isinstance(scores, list) or len(scores) != len(choices) or not all(map(_is_number, scores)):
@@ -206,11 +234,5 @@ def validate_response(endpoint: str, request: dict[str, Any], body: Any) -> str 
             return "qa needs a non-empty answers list"
         if len(answers) > request.get("top_k", len(answers)):
             return f"{len(answers)} answers for top_k={request['top_k']}"
-        for i, ans in enumerate(answers):
-            if not isinstance(ans, dict) or not _is_number(ans.get("score")):
-                return f"answer {i} needs score: float"
-            problem = _check_span(ans, request["context"], f"answer {i}")
-            if problem:
-                return problem
-        return None
+        return _span_problem(answers, request["context"], "answer", "score")
     raise ValueError(f"unknown endpoint {endpoint!r}")

@@ -1,16 +1,16 @@
 """Our model without the service: a bundle's ONNX session fed by processing/, in-process.
 
-Gives the references the service is judged against (model-only single-request time and
-batched throughput on the same payloads) and an in-process QA reader (processing.qa over ORT,
-exactly the service's steps without HTTP, queueing or cross-request batching).
-The session is made with app.backend.runtime.create_runtime, so it has the server's session options.
+The references the service is judged against (single-request time and batched throughput on the
+same payloads) and an in-process QA reader: the service's steps without HTTP, queueing or
+cross-request batching, on sessions with the server's options (app.backend.runtime.create_runtime).
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from app.backend.runtime import CPU_BATCH_TOKENS, create_runtime
 from app.settings import available_cores
+from benchmarks.bench_common import timed
 from benchmarks.loadgen import percentiles
 from export.bundle import DEFAULT_QA, load_bundle_manifest
 from processing import classify as classify_proc
@@ -33,10 +34,17 @@ WINDOW_OVERLAP = 32
 
 
 class BundleModel:
-    """One bundle variant on CPU with the server's session options: `instances` sessions of
+    """One bundle variant (on CPU unless `device`) with the server's session options: `instances` sessions of
     `threads` intra-op threads each (the server's MODEL_INSTANCES and INTRA_OP_THREADS)."""
 
-    def __init__(self, bundle: str | Path, variant: str = "int8", threads: int = 0, instances: int = 1):
+    def __init__(
+        self,
+        bundle: str | Path,
+        variant: str = "int8",
+        threads: int = 0,
+        instances: int = 1,
+        device: str = "cpu",
+    ):
         self.path = Path(bundle)
         self.manifest = load_bundle_manifest(self.path)
         if variant not in self.manifest.variants:
@@ -49,7 +57,7 @@ class BundleModel:
         path = self.manifest.variant_path(self.path, variant)
         disabled = self.manifest.variants[variant].disabled_optimizers  # as the server loads it
         self.runtimes = [
-            create_runtime(path, "cpu", self.threads, disabled_optimizers=disabled)
+            create_runtime(path, device, self.threads, disabled_optimizers=disabled)
             for _ in range(max(1, instances))
         ]
         self.runtime = self.runtimes[0]
@@ -68,13 +76,9 @@ class BundleModel:
     def encodings(self, payload: dict[str, Any]) -> list[Encoding]:
         """The sequences / windows the service would send to the model for one request body."""
         if self.task == "classify":
+            text, pair = payload["text"], payload.get("text_pair")
             return classify_proc.encode_for_classify(
-                self.tokenizer,
-                payload["text"],
-                payload.get("text_pair"),
-                self.max_seq_len,
-                "truncate",
-                WINDOW_OVERLAP,
+                self.tokenizer, text, pair, self.max_seq_len, "truncate", WINDOW_OVERLAP
             )
         if self.task == "qa":
             return [w.encoding for w in self.qa_windows(payload["question"], payload["context"]).windows]
@@ -134,24 +138,15 @@ def pack(
     return batches
 
 
-def _time_each(call: Callable[[Any], object], items: list[Any], seconds: float) -> dict[str, float]:
-    """Each item through `call`, timed one at a time, round after round until `seconds` have passed."""
-    call(items[0])  # warm-up
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while not times or time.perf_counter() < deadline:
-        for item in items:
-            started = time.perf_counter()
-            call(item)
-            times.append(time.perf_counter() - started)
-    return {f"{k}_ms": v for k, v in percentiles(times).items()} | {"runs": len(times)}
-
-
 def single_request_reference(
     model: BundleModel, payloads: list[dict[str, Any]], seconds: float
 ) -> dict[str, Any]:
-    """Per request, its sequences as the service batches them alone (concurrency 1): ORT time only."""
-    return _time_each(model.run, [model.encodings(p) for p in payloads], seconds)
+    """Per request, its sequences as the service batches them alone (concurrency 1): ORT time only,
+    the requests in turn, each at least once, until `seconds` have passed."""
+    requests = itertools.cycle([model.encodings(p) for p in payloads])
+    model.run(next(requests))  # warm-up
+    _, times = timed(lambda: model.run(next(requests)), 10**9, seconds, min_runs=len(payloads))
+    return {f"{k}_ms": v for k, v in percentiles(times).items()} | {"runs": len(times)}
 
 
 def batched_reference(

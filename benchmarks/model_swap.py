@@ -4,25 +4,19 @@ is offered once) while 32 clients keep sending requests to it.
     .venv/bin/python -m benchmarks.model_swap                  # sst2-minilm, 32 clients, 60 s
     .venv/bin/python -m benchmarks.model_swap --quick          # the tests' tiny bundle, 8 clients, 8 s
 
-Builds MODELS_DIR with `sst2/1` from --bundle, starts `uvicorn app.main:app` with an
-ADMIN_API_KEY, and runs --clients closed-loop clients against `/classify` with `"model": "sst2"`.
-At a fifth, two fifths and three fifths of the run, version n+1 is written to `sst2/<n+1>` and
-loaded through `POST /admin/models/sst2/load`; at four fifths a version whose int8 graph has one
-byte flipped is offered the same way and must be refused while the previous one keeps serving.
-
-Every version carries its own labels (`negative@v2`, ...; the weights are the same files), so an
-answer shows which version computed it as well as which one its `X-Model-Version` header names.
-Passes (exit 0) when no request failed, every answer came from a version the server verified
-and put in service (the header is one of them and the labels agree with it), the corrupted
-version was refused and never answered, and each good version answered after its swap.
-Writes benchmarks/results/model_swap.{json,md,png} (`--quick`: model_swap_quick.*).
+--clients closed-loop clients on `/classify` (`"model": "sst2"`, MODELS_DIR holding `sst2/1` from
+--bundle); at 1/5, 2/5 and 3/5 of the run version n+1 is written and loaded through
+`POST /admin/models/sst2/load`, at 4/5 a version with one byte of its graph flipped, which must be
+refused. Each version's labels carry it (`negative@v2`), so an answer shows which version computed it
+beside its `X-Model-Version`. Passes (exit 0) when no request failed, every answer came from a version
+the server verified (header and labels agree), the corrupted one was refused and never answered, and
+each good version answered. Writes benchmarks/results/model_swap{,_quick}.{json,md,png}.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import secrets
 import shutil
@@ -33,33 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from app.backend.runtime import choose_variant
-from benchmarks.bench_common import (
-    RESULTS,
-    WORK,
-    build_tiny_models,
-    default_bundle,
-    machine_info,
-    machine_line,
-    now,
-    pyplot,
-    require_bundle,
-    serve_ours,
-    tree_rss_mb,
-    write_results,
-)
+from benchmarks import bench_common as common
+from benchmarks import reliability as rel
 from benchmarks.rawhttp import ConnectionPool, HTTPError, encode_request, post_json
-
-ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = "sst2"
 TEXTS = [
-    "a wonderful , moving film with a brilliant cast .",
-    "dull , lifeless and far too long .",
-    "the plot is thin but the acting carries it .",
-    "one of the worst movies i have seen this year .",
-    "an intelligent , funny and touching story .",
-    "i wanted to like it , but it never comes alive .",
-]
+    "a wonderful , moving film with a brilliant cast .", "dull , lifeless and far too long .",
+    "the plot is thin but the acting carries it .", "one of the worst movies i have seen this year .",
+    "an intelligent , funny and touching story .", "i wanted to like it , but it never comes alive .",
+]  # fmt: skip
 
 
 def write_version(models_dir: Path, source: Path, version: int, corrupted: bool = False) -> Path:
@@ -91,22 +68,19 @@ def write_version(models_dir: Path, source: Path, version: int, corrupted: bool 
     return target
 
 
-async def client(
-    pool: ConnectionPool, index: int, started: float, stop: asyncio.Event, samples: list[dict[str, Any]]
-) -> None:
-    n = index
+async def client(pool: ConnectionPool, n: int, run: rel.Run, stop: asyncio.Event) -> None:
     while not stop.is_set():
-        body = {"text": TEXTS[n % len(TEXTS)], "model": MODEL}
-        n += 1
         t0 = time.perf_counter()
-        sample = {"t": round(t0 - started, 4), "ms": None, "status": 0, "version": None, "label": None}
+        sample = {"t": round(t0 - run.started, 4), "ms": None, "status": 0, "version": None, "label": None}
         try:
-            response = await pool.request(post_json("/classify", body), timeout_s=30)
+            response = await pool.request(post_json("/classify", {"text": TEXTS[n % 6], "model": MODEL}), 30)
         except (HTTPError, TimeoutError, OSError) as e:
-            samples.append({**sample, "error": repr(e)})
+            run.samples.append({**sample, "error": repr(e)})
             continue
+        finally:
+            n += 1
         ok = response.status == 200
-        samples.append({
+        run.samples.append({
             **sample,
             "ms": round((time.perf_counter() - t0) * 1000, 2),
             "status": response.status,
@@ -116,63 +90,45 @@ async def client(
         })  # fmt: skip
 
 
-async def admin(pool: ConnectionPool, key: str, path: str) -> tuple[int, dict[str, Any], float]:
-    t0 = time.perf_counter()
-    response = await pool.request(encode_request("POST", path, b"", {"Authorization": f"Bearer {key}"}), 300)
-    return response.status, response.json(), time.perf_counter() - t0
+async def drive(args: argparse.Namespace, port: int, key: str, models_dir: Path, pid: int) -> dict[str, Any]:
+    pool, control = ConnectionPool("127.0.0.1", port), ConnectionPool("127.0.0.1", port)
 
+    async def listed() -> dict[str, Any]:
+        models = (await control.request(encode_request("GET", "/models"))).json()["models"]
+        return next(m for m in models if m["name"] == MODEL)
 
-async def drive(
-    args: argparse.Namespace, url_port: int, key: str, models_dir: Path, pid: int
-) -> dict[str, Any]:
-    pool = ConnectionPool("127.0.0.1", url_port)
-    control = ConnectionPool("127.0.0.1", url_port)
-    listing = (await control.request(encode_request("GET", "/models"))).json()
-    initial = next(m for m in listing["models"] if m["name"] == MODEL)
-    served = [initial["version"]]
-    samples: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
-    stop = asyncio.Event()
-    started = time.perf_counter()
-    clients = [asyncio.create_task(client(pool, i, started, stop, samples)) for i in range(args.clients)]
-    plan = [(2, False), (3, False), (4, False), (5, True)]
-    for step, (version, corrupted) in enumerate(plan, 1):
-        await asyncio.sleep(max(0.0, started + args.duration * step / 5 - time.perf_counter()))
-        write_version(models_dir, args.bundle, version, corrupted)
-        t_offer = time.perf_counter() - started
-        rss_before = tree_rss_mb(pid)
-        status, body, seconds = await admin(control, key, f"/admin/models/{MODEL}/load")
-        event = {
-            "version": str(version),
-            "corrupted": corrupted,
-            "offered_at_s": round(t_offer, 3),
-            "admin_status": status,
-            "admin_seconds": round(seconds, 3),
-            "swapped_at_s": round(time.perf_counter() - started, 3) if status == 200 else None,
-            "rss_mb_before": rss_before,
-            "rss_mb_after": tree_rss_mb(pid),
-        }
-        if status == 200:
-            served.append(body["model"]["version"])
-            event["memory_mb"] = body["model"]["memory_mb"]
-        else:
-            event["error"] = body.get("error")
-            event["message"] = body.get("message")  # write_results makes its paths repo-relative
-        events.append(event)
-        label = f"{version} (corrupted)" if corrupted else str(version)
-        print(f"  t={t_offer:5.1f}s version {label}: {status} in {seconds:.2f}s", flush=True)
-    await asyncio.sleep(max(0.0, started + args.duration - time.perf_counter()))
-    stop.set()
-    await asyncio.gather(*clients)
-    listing = (await control.request(encode_request("GET", "/models"))).json()
-    final = next(m for m in listing["models"] if m["name"] == MODEL)
-    return {"samples": samples, "events": events, "served_versions": served, "final_model": final}
+    served, run = [(await listed())["version"]], rel.Run(MODEL)
+    auth = {"Authorization": f"Bearer {key}"}
+
+    async def swaps(run: rel.Run) -> None:
+        for step, (version, corrupted) in enumerate([(2, False), (3, False), (4, False), (5, True)], 1):
+            await asyncio.sleep(max(0.0, run.started + args.duration * step / 5 - time.perf_counter()))
+            write_version(models_dir, args.bundle, version, corrupted)
+            offered, rss_before = run.t(), common.tree_rss_mb(pid)
+            response = await control.request(encode_request("POST", f"/admin/models/{MODEL}/load", b"", auth))
+            body = response.json()
+            e = run.event(f"version {version}{' (corrupted)' if corrupted else ''}: {response.status}",
+                          version=str(version), corrupted=corrupted, offered_at_s=offered,
+                          admin_status=response.status, admin_seconds=round(run.t() - offered, 3),
+                          rss_mb_before=rss_before, rss_mb_after=common.tree_rss_mb(pid))  # fmt: skip
+            if response.status == 200:
+                served.append(body["model"]["version"])
+                e["memory_mb"] = body["model"]["memory_mb"]
+            else:  # write_results makes the message's paths repo-relative
+                e["error"], e["message"] = body.get("error"), body.get("message")
+        await asyncio.sleep(max(0.0, run.started + args.duration - time.perf_counter()))
+
+    def load(stop: asyncio.Event) -> Any:
+        return asyncio.gather(*(client(pool, i, run, stop) for i in range(args.clients)))
+
+    await rel.under_load(run, load, swaps)
+    run.rows = [(s["t"], s["ms"] and s["ms"] / 1e3, s["status"] == 200, s["version"]) for s in run.samples]
+    return {"run": run, "served_versions": served, "final_model": await listed()}
 
 
 def judge(samples: list[dict[str, Any]], served: list[str], events: list[dict[str, Any]]) -> dict[str, Any]:
     """The verdict: no failed request, and every answer from a verified version (header and labels)."""
-    ok = [s for s in samples if s["status"] == 200]
-    failed = [s for s in samples if s["status"] != 200]
+    ok, failed = [s for s in samples if s["status"] == 200], [s for s in samples if s["status"] != 200]
     unverified = [s for s in ok if s["version"] not in served]
     mismatched = [s for s in ok if not (s["label"] or "").endswith(f"@v{s['version']}")]
     corrupted = {e["version"] for e in events if e["corrupted"]}
@@ -185,51 +141,20 @@ def judge(samples: list[dict[str, Any]], served: list[str], events: list[dict[st
         "corrupted_version_never_answered": not any(by_version.get(v) for v in corrupted),
         "three_swaps_each_served": len(served) == 4 and all(by_version.get(v, 0) > 0 for v in served),
     }
-    return {
-        "requests": len(samples),
-        "ok": len(ok),
-        "failed": len(failed),
-        "failed_examples": failed[:5],
-        "answers_by_version": dict(sorted(by_version.items())),
-        "unverified_answers": len(unverified),
-        "label_mismatches": len(mismatched),
-        "checks": checks,
-        "passed": all(checks.values()),
-    }
-
-
-def latency_summary(
-    samples: list[dict[str, Any]], around: list[float], window_s: float = 2.0
-) -> dict[str, Any]:
-    """p50/p99 of all answers, and of those sent within `window_s` after a swap was offered."""
-
-    def summary(values: list[float]) -> dict[str, float | None]:
-        values = sorted(values)
-        pct = [
-            round(values[min(len(values) - 1, int(q * len(values)))], 2) if values else None
-            for q in (0.5, 0.99)
-        ]
-        return {"p50": pct[0], "p99": pct[1], "max": max(values, default=None)}
-
-    timed = [s for s in samples if s["ms"] is not None]
-    near = [s["ms"] for s in timed if any(0 <= s["t"] - t < window_s for t in around)]
-    return {"all": summary([s["ms"] for s in timed]), f"within_{window_s:g}s_of_an_offer": summary(near)}
+    return {"requests": len(samples), "ok": len(ok), "failed": len(failed), "failed_examples": failed[:5],
+            "answers_by_version": dict(sorted(by_version.items())), "label_mismatches": len(mismatched),
+            "unverified_answers": len(unverified), "checks": checks,
+            "passed": all(checks.values())}  # fmt: skip
 
 
 def markdown(report: dict[str, Any]) -> str:
     verdict, latency = report["verdict"], report["latency_ms"]
     near = latency["within_2s_of_an_offer"]
-    lines = [
-        f"# Version swaps under load: {'PASS' if verdict['passed'] else 'FAIL'}",
-        "",
-        f"Generated {report['generated']} by `{report['command']}`.",
-        "",
-        f"Machine: {machine_line(report['machine'])}.",
-        "",
+    refused = [e for e in report["events"] if e["corrupted"]]
+    body = [
         f"- Model `{MODEL}` from `{report['bundle']}` ({report['variant']} on CPU), {report['clients']} "
-        f"closed-loop clients on `/classify` for {report['duration_s']} s, server and clients on the "
-        "same cores.",
-        f"- Requests: **{verdict['requests']}**, answered 200: {verdict['ok']}, "
+        f"closed-loop clients on `/classify` for {report['duration_s']} s, server and clients on the same "
+        f"cores.\n- Requests: **{verdict['requests']}**, answered 200: {verdict['ok']}, "
         f"**failed: {verdict['failed']}**.",
         f"- Versions verified and put in service: {', '.join(report['served_versions'])}; answers by "
         f"version (`X-Model-Version`): {verdict['answers_by_version']}.",
@@ -242,105 +167,48 @@ def markdown(report: dict[str, Any]) -> str:
         "| version | offered at (s) | admin answer | load + verify (s) | memory of the version (MB) "
         "| server RSS before → after (MB) |",
         "|---|---:|---|---:|---:|---|",
-    ]
-    for e in report["events"]:
-        answer = f"{e['admin_status']}" + (
-            f" `{e.get('error')}`" if e["admin_status"] != 200 else " swapped in"
-        )
-        name = e["version"] + (" (one byte flipped)" if e["corrupted"] else "")
-        lines.append(
-            f"| {name} | {e['offered_at_s']} | {answer} | {e['admin_seconds']} | {e.get('memory_mb', '—')} | "
-            f"{e['rss_mb_before']} → {e['rss_mb_after']} |"
-        )
-    refused = [e for e in report["events"] if e["corrupted"]]
-    if refused:
-        lines += ["", f"The corrupted version's refusal: “{refused[0].get('message')}”"]
-    lines += [
-        "",
-        "Checks: " + ", ".join(f"{k} {'✓' if v else '✗'}" for k, v in verdict["checks"].items()) + ".",
-    ]
-    return "\n".join(lines)
-
-
-def timeline(samples: list[dict[str, Any]], duration_s: float, width_s: float = 0.5) -> list[dict[str, Any]]:
-    """Answers per second by version, and latency percentiles, in bins of `width_s`."""
-    bins: list[dict[str, Any]] = []
-    for i in range(int(duration_s / width_s) + 1):
-        inside = [s for s in samples if i * width_s <= s["t"] < (i + 1) * width_s]
-        ms = sorted(s["ms"] for s in inside if s["ms"] is not None)
-        counts = Counter(s["version"] for s in inside if s["status"] == 200)
-        bins.append(
-            {
-                "t_s": round(i * width_s, 2),
-                "answers_per_s": {v: round(n / width_s, 1) for v, n in sorted(counts.items())},
-                "failed": sum(s["status"] != 200 for s in inside),
-                "p50_ms": ms[len(ms) // 2] if ms else None,
-                "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else None,
-            }
-        )
-    return bins
+        *(f"| {e['version']}{' (one byte flipped)' if e['corrupted'] else ''} | {e['offered_at_s']} "
+          f"| {e['admin_status']} {e.get('error') and '`' + e['error'] + '`' or 'swapped in'} "
+          f"| {e['admin_seconds']} | {e.get('memory_mb', '—')} | {e['rss_mb_before']} → {e['rss_mb_after']} |"
+          for e in report["events"]),
+        *[f"\nThe corrupted version's refusal: “{e.get('message')}”" for e in refused][:1],
+    ]  # fmt: skip
+    return rel.markdown("Version swaps under load", report, body)
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    plt = pyplot()
+    fig, (top, bottom) = common.pyplot().subplots(2, 1, figsize=(10, 6), sharex=True)
     bins = report["timeline"]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    ts = [b["t_s"] for b in bins]
-    base = [0.0] * len(bins)
-    colors = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:gray"]
-    for n, version in enumerate(report["served_versions"]):
-        rates = [b["answers_per_s"].get(version, 0.0) for b in bins]
-        color = colors[n % len(colors)]
-        top.bar(ts, rates, width=0.5, bottom=base, align="edge", label=f"version {version}", color=color)
+    ts, base = [b["t_s"] for b in bins], [0.0] * len(bins)
+    for version in report["served_versions"]:
+        rates = [b.get("answers_per_s", {}).get(version, 0.0) for b in bins]
+        top.bar(ts, rates, width=0.5, bottom=base, align="edge", label=f"version {version}")
         base = [a + b for a, b in zip(base, rates, strict=True)]
     for e in report["events"]:
-        for ax in (top, bottom):
-            ax.axvline(
-                e["offered_at_s"], color="red" if e["corrupted"] else "black", linestyle="--", linewidth=0.8
-            )
-    top.set_ylabel("answers/s by X-Model-Version")
+        top.axvline(e["offered_at_s"], color="red" if e["corrupted"] else "black", linestyle="--", lw=0.8)
+    top.set(ylabel="answers/s by X-Model-Version", title=f"{report['clients']} clients on /classify; "
+            "dashed: version offered (red: corrupted, refused)")  # fmt: skip
     top.legend(loc="lower right", fontsize=8)
-    top.set_title(
-        f"{report['clients']} clients on /classify; dashed: version offered (red: corrupted, refused)"
-    )
-    for key in ("p50_ms", "p99_ms"):
-        bottom.plot(ts, [b[key] for b in bins], label=key.replace("_ms", ""))
-    bottom.set_yscale("log")
-    bottom.set_ylabel("latency (ms)")
-    bottom.set_xlabel("time (s)")
-    bottom.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    rel.plot_timeline(bottom, bins, report["events"], "latency per half second")
+    rel.save(fig, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--bundle", type=Path, default=None, help="classify bundle (default .cache/bundles/sst2-minilm)"
-    )
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load")
-    parser.add_argument("--quick", action="store_true", help="the tests' tiny bundle, 8 clients, 8 s")
-    parser.add_argument("--work", type=Path, default=WORK / "model_swap", help="where MODELS_DIR is built")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--name", default=None, help="results file stem (default model_swap[_quick])")
-    args = parser.parse_args(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bundle", type=Path, help="classify bundle (default .cache/bundles/sst2-minilm)")
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of load")
+    p.add_argument("--quick", action="store_true", help="the tests' tiny bundle, 8 clients, 8 s")
+    p.add_argument("--work", type=Path, default=common.WORK / "model_swap", help="where MODELS_DIR is built")
+    p.add_argument("--out", type=Path, default=common.RESULTS)
+    p.add_argument("--name", default=None, help="results file stem (default model_swap[_quick])")
+    args = p.parse_args(argv)
     if args.quick:
-        args.bundle = args.bundle or build_tiny_models() / "classify"
+        args.bundle = args.bundle or common.build_tiny_models() / "classify"
         args.clients, args.duration = min(args.clients, 8), min(args.duration, 8.0)
-    args.bundle = require_bundle(args.bundle or default_bundle("classify"), "classify")
+    args.bundle = common.require_bundle(args.bundle or common.default_bundle("classify"), "classify")
     args.name = args.name or ("model_swap_quick" if args.quick else "model_swap")
     return args
-
-
-def relative(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return path.name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,38 +218,33 @@ def main(argv: list[str] | None = None) -> int:
     models_dir.mkdir(parents=True)
     write_version(models_dir, args.bundle, 1)
     key = secrets.token_hex(16)
-    url, running = serve_ours(models_dir, args.work / "server.log", 120, ADMIN_API_KEY=key)
-    machine = machine_info()
-    print(
-        f"model_swap: {args.clients} clients for {args.duration:.0f} s on {relative(args.bundle)}", flush=True
-    )
+    url, running = common.serve_ours(models_dir, args.work / "server.log", 120, ADMIN_API_KEY=key)
+    machine = common.machine_info()
+    print(f"model_swap: {args.clients} clients for {args.duration:.0f} s on {args.bundle}")
     with running as pid:
-        run = asyncio.run(drive(args, int(url.rsplit(":", 1)[1]), key, models_dir, pid))
-    verdict = judge(run["samples"], run["served_versions"], run["events"])
-    command_line = " ".join(
-        ["python -m benchmarks.model_swap", *(argv if argv is not None else sys.argv[1:])]
-    )
+        result = asyncio.run(drive(args, int(url.rsplit(":", 1)[1]), key, models_dir, pid))
+    run, final = result["run"], result["final_model"]
+    verdict = judge(run.samples, result["served_versions"], run.events)
     report = {
-        "generated": now(),
-        "command": command_line.strip(),
+        "command": rel.command("model_swap", argv),
+        "date": common.now(),
         "machine": machine,
-        "bundle": relative(args.bundle),
-        "variant": run["final_model"].get("variant"),
+        "bundle": str(args.bundle),  # repo-relative in the results (write_results)
+        "variant": final.get("variant"),
         "clients": args.clients,
         "duration_s": args.duration,
-        "served_versions": run["served_versions"],
-        "events": run["events"],
-        "final_model": {k: run["final_model"].get(k) for k in ("version", "status", "memory_mb", "versions")},
-        "latency_ms": latency_summary(run["samples"], [e["offered_at_s"] for e in run["events"]]),
+        "served_versions": result["served_versions"],
+        "events": run.events,
+        "final_model": {k: final.get(k) for k in ("version", "status", "memory_mb", "versions")},
+        "latency_ms": {"all": run.latency_within([(0, float("inf"))]),
+                       "within_2s_of_an_offer": run.latency_within([(e["offered_at_s"], e["offered_at_s"] + 2)
+                                                                    for e in run.events])},  # fmt: skip
         "verdict": verdict,
-        "timeline": timeline(run["samples"], args.duration),
+        "checks": verdict["checks"],
+        "timeline": run.timeline(0.5),
     }
-    write_results(args.out, args.name, report, markdown(report), lambda path: plot(report, path))
-    outcome = "PASS" if verdict["passed"] else "FAIL"
-    print(f"{outcome}: {verdict['requests']} requests, {verdict['failed']} failed", flush=True)
-    print(f"answers by version {verdict['answers_by_version']}", flush=True)
-    print(json.dumps(verdict["checks"]), flush=True)
-    return 0 if verdict["passed"] else 1
+    print(f"{verdict['requests']} requests, {verdict['failed']} failed; {verdict['answers_by_version']}")
+    return rel.finish(args.out, args.name, report, markdown(report), lambda path: plot(report, path))
 
 
 if __name__ == "__main__":

@@ -68,14 +68,10 @@ def ensure(name: str, log=print) -> Path:
 
 def versions(name: str, packages: tuple[str, ...]) -> dict[str, str]:
     """Installed versions of `packages` in the environment (what the results record)."""
-    code = (
-        "import json, sys\nfrom importlib import metadata\nout = {}\n"
-        "for p in sys.argv[1:]:\n    try: out[p] = metadata.version(p)\n"
-        "    except metadata.PackageNotFoundError: pass\nprint(json.dumps(out))"
-    )
-    python = venv_dir(name) / "bin" / "python"
-    done = subprocess.run([str(python), "-c", code, *packages], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
+    argv = [str(venv_dir(name) / "bin" / "python"), "-m", "pip", "list", "--format", "json"]
+    listed = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    found = {item["name"].lower().replace("_", "-"): item["version"] for item in listed}
+    return {package: found[package] for package in packages if package in found}
 
 
 PEER_ENV = {

@@ -1,13 +1,14 @@
-"""Two peers as their docs write them, in FastAPI, run from their own environments (peer_envs.py).
+"""Peers as their docs write them, in FastAPI: optimum and fastembed from their own environments
+(peer_envs.py), sentence-transformers (the /embed floor) from ours.
 
     .cache/peers/optimum/venv/bin/python benchmarks/peer_server.py optimum --classify DIR --embed DIR
     .cache/peers/fastembed/venv/bin/python benchmarks/peer_server.py fastembed --embed DIR
+    .venv/bin/python benchmarks/peer_server.py st --embed .cache/peers/models/all-minilm-l6-v2
 
-optimum: Optimum's recipe, `ORTModelFor{SequenceClassification,FeatureExtraction}` from an ONNX
-export (fp32) in a `transformers` pipeline, mean pooling for embeddings. fastembed: its
-`TextEmbedding` on a local export (`specific_model_path`: no hub). Plain sync endpoints, uvicorn's
-defaults, no batching across requests; our request and response shapes, so loadgen drives them
-as it drives us. Standalone: it imports nothing of this repository.
+optimum: `ORTModelFor{SequenceClassification,FeatureExtraction}` on an fp32 ONNX export in a
+`transformers` pipeline, mean pooling; fastembed: `TextEmbedding` on a local export; st: one
+`SentenceTransformer`, `model.encode` per request. Plain sync endpoints, uvicorn's defaults, our
+shapes. Standalone (the peers' environments hold nothing of this repository).
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ def fastembed_model(embed: str):
     return lambda texts: np.stack(list(model.embed(texts)))
 
 
+def st_model(embed: str):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(embed, device="cpu")
+    return lambda texts: model.encode(texts, convert_to_numpy=True)
+
+
 def create_app(classifier, extractor) -> FastAPI:
     app = FastAPI()
 
@@ -81,7 +89,7 @@ def create_app(classifier, extractor) -> FastAPI:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("engine", choices=("optimum", "fastembed"))
+    p.add_argument("engine", choices=("optimum", "fastembed", "st"))
     p.add_argument("--classify", help="ONNX export of a text-classification checkpoint (optimum only)")
     p.add_argument("--embed", help="ONNX export of all-MiniLM-L6-v2 (model.onnx + tokenizer)")
     p.add_argument("--port", type=int, default=8004)
@@ -89,7 +97,7 @@ def main() -> None:
     if args.engine == "optimum":
         classifier, extractor = optimum_models(args.classify, args.embed)
     else:
-        classifier, extractor = None, fastembed_model(args.embed)
+        classifier, extractor = None, (st_model if args.engine == "st" else fastembed_model)(args.embed)
     uvicorn.run(create_app(classifier, extractor), host="127.0.0.1", port=args.port)
 
 

@@ -3,24 +3,14 @@
     python -m benchmarks.pipeline_server --classify runs/sst2/best --qa runs/squad/best --port 8001
     python -m benchmarks.pipeline_server --ort --classify .cache/bundles/sst2-minilm --port 8002
 
-One process, plain sync `def` endpoints (FastAPI runs them in its thread pool), default
-settings, no batching across requests: the usual "wrap the pipeline in FastAPI" server.
-It loads the same checkpoint directories (Hugging Face layout) that our bundles are exported
-from and answers /classify and /qa with our request and response shapes, so
-benchmarks/loadgen.py drives both servers unchanged.
-
-- /classify: `pipeline("text-classification")`, truncated to `--bundle`'s max_seq_len, so both
-  servers do the same model work (QA windows are cut as the bundle cuts them too).
-- /qa: transformers 5 removed `pipeline("question-answering")`; `HFQuestionAnswering` below does
-  what that pipeline did and what the Hugging Face course teaches: the fast tokenizer's
-  overflowing windows with offsets, one forward pass over the request's windows, n-best
-  start/end logits per window, best span.
-Fields our service reports but a pipeline cannot know cheaply (`truncated`, `value`) are null.
-
-`--ort` (the plain ORT server): the same on bundles instead, a bundle variant's ONNX file
-(`--variant`, default the one our server picks, with its `disabled_optimizers`) in one shared
-InferenceSession, one `session.run` per request (a QA request's windows together), the fast
-tokenizer, HFQuestionAnswering's span search: only the forward pass differs from the baseline.
+One process, plain sync `def` endpoints (FastAPI's thread pool), default settings, no batching
+across requests, our request and response shapes (fields a pipeline cannot know cheaply are null).
+The `transformers` baseline loads the checkpoint directories our bundles are exported from:
+/classify is `pipeline("text-classification")` cut at `--bundle`'s max_seq_len; /qa is
+`HFQuestionAnswering` (transformers 5 removed the QA pipeline): fast-tokenizer windows with
+offsets as the bundle cuts them, one forward pass per request, n-best start/end per window, best
+span. `--ort` is the same on a bundle variant's ONNX file (default: the one our server picks, with
+its `disabled_optimizers`) in one shared InferenceSession: only the forward pass differs.
 """
 
 from __future__ import annotations
@@ -28,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,8 +158,22 @@ def make_qa_baseline(directory: str | Path, settings: QASettings | None = None) 
     return HFQuestionAnswering(directory, settings)
 
 
-def add_probes(app: FastAPI) -> None:
-    """/ready and /models (app.state.info): the routes the benchmarks wait on and record."""
+def classify_response(request: ClassifyIn, ranked: list[list[tuple[str, float]]]) -> dict[str, Any]:
+    """Our /classify response from each item's (label, score) pairs, best first."""
+    results = []
+    for pairs in ranked:
+        scores = [{"label": label, "score": float(score)} for label, score in pairs][: request.top_k]
+        top = {"label": scores[0]["label"], "score": scores[0]["score"], "scores": scores}
+        results.append({**top, "value": None, "truncated": None, "windows": 1})
+    return results[0] if request.inputs is None else {"results": results}
+
+
+def build_app(title: str, info: dict[str, Any], classify, reader, what: str) -> FastAPI:
+    """/ready and /models (the routes the benchmarks wait on and record), /classify over `classify`
+    (items -> each item's (label, score) pairs, best first) and /qa over `reader`
+    (HFQuestionAnswering or a subclass); a missing one answers 404."""
+    app = FastAPI(title=title)
+    app.state.info = info
 
     @app.get("/ready")
     def ready() -> dict[str, str]:
@@ -180,49 +183,27 @@ def add_probes(app: FastAPI) -> None:
     def models() -> dict[str, Any]:
         return app.state.info
 
+    def missing(task: str) -> HTTPException:
+        return HTTPException(404, {"error": "no_model", "message": f"no {task} {what} loaded"})
 
-def classify_items(request: ClassifyIn) -> list[PairIn]:
-    if (request.inputs is None) == (request.text is None):
-        raise HTTPException(422, "give either text or inputs")
-    if request.inputs is not None:
-        return request.inputs
-    return [PairIn(text=request.text or "", text_pair=request.text_pair)]
-
-
-def classify_response(request: ClassifyIn, ranked: list[list[tuple[str, float]]]) -> dict[str, Any]:
-    """Our /classify response from each item's (label, score) pairs, best first."""
-    results = []
-    for pairs in ranked:
-        scores = [{"label": label, "score": float(score)} for label, score in pairs][: request.top_k]
-        results.append(
-            {
-                "label": scores[0]["label"],
-                "score": scores[0]["score"],
-                "scores": scores,
-                "value": None,
-                "truncated": None,
-                "windows": 1,
-            }
-        )
-    return results[0] if request.inputs is None else {"results": results}
-
-
-def add_qa_route(app: FastAPI, reader, missing: Callable[[str], HTTPException]) -> None:
-    """/qa over `reader` (HFQuestionAnswering or a subclass; None: 404 through `missing`)."""
+    @app.post("/classify")
+    def classify_endpoint(request: ClassifyIn) -> dict[str, Any]:
+        if classify is None:
+            raise missing("classify")
+        if (request.inputs is None) == (request.text is None):
+            raise HTTPException(422, "give either text or inputs")
+        items = request.inputs or [PairIn(text=request.text or "", text_pair=request.text_pair)]
+        return classify_response(request, classify(items))
 
     @app.post("/qa")
     def qa_endpoint(request: QAIn) -> dict[str, Any]:
         if reader is None:
             raise missing("qa")
-        answers, windows = reader(
-            request.question,
-            request.context,
-            top_k=request.top_k,
-            max_answer_len=request.max_answer_len,
-            doc_stride=request.doc_stride,
-            handle_impossible_answer=request.handle_impossible_answer,
-        )
+        options = request.model_dump(exclude={"question", "context"})
+        answers, windows = reader(request.question, request.context, **options)
         return {"answers": answers, "windows": windows}
+
+    return app
 
 
 def create_app(
@@ -238,13 +219,16 @@ def create_app(
     import torch
 
     transformers = _quiet_transformers()
-    classifier = (
-        transformers.pipeline("text-classification", model=str(classify), device=-1) if classify else None
-    )
+    pipe = transformers.pipeline("text-classification", model=str(classify), device=-1) if classify else None
     reader = make_qa_baseline(qa, qa_settings) if qa else None
-    max_length = classify_max_length or (classifier.tokenizer.model_max_length if classifier else None)
-    app = FastAPI(title="transformers pipeline baseline")
-    app.state.info = {
+    max_length = classify_max_length or (pipe.tokenizer.model_max_length if pipe else None)
+
+    def classifier(items: list[PairIn]) -> list[list[tuple[str, float]]]:
+        calls = [{"text": i.text, "text_pair": i.text_pair} if i.text_pair else i.text for i in items]
+        outputs = pipe(calls, top_k=None, truncation=True, max_length=max_length)
+        return [[(s["label"], s["score"]) for s in scores] for scores in outputs]
+
+    info = {
         "classify": str(classify) if classify else None,
         "qa": str(qa) if qa else None,
         "qa_kind": reader.kind if reader else None,
@@ -252,24 +236,9 @@ def create_app(
         "torch_threads": torch.get_num_threads(),
         "transformers": transformers.__version__,
     }
-
-    def missing(task: str) -> HTTPException:
-        return HTTPException(404, {"error": "no_model", "message": f"no {task} checkpoint loaded"})
-
-    add_probes(app)
-
-    @app.post("/classify")
-    def classify_endpoint(request: ClassifyIn) -> dict[str, Any]:
-        if classifier is None:
-            raise missing("classify")
-        items = classify_items(request)
-        calls = [{"text": i.text, "text_pair": i.text_pair} if i.text_pair else i.text for i in items]
-        outputs = classifier(calls, top_k=None, truncation=True, max_length=max_length)
-        return classify_response(request, [[(s["label"], s["score"]) for s in scores] for scores in outputs])
-
-    add_qa_route(app, reader, missing)
-
-    return app
+    return build_app(
+        "transformers pipeline baseline", info, classifier if pipe is not None else None, reader, "checkpoint"
+    )
 
 
 class OrtModel:
@@ -307,13 +276,7 @@ class OrtQuestionAnswering(HFQuestionAnswering):
         self.model = model
 
     def forward(self, encoded) -> tuple[np.ndarray, np.ndarray]:
-        start, end = self.model.run(encoded)
-        return start, end
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    exp = np.exp(logits - logits.max(-1, keepdims=True))
-    return exp / exp.sum(-1, keepdims=True)
+        return tuple(self.model.run(encoded))  # type: ignore[return-value]
 
 
 def create_ort_app(
@@ -322,39 +285,26 @@ def create_ort_app(
     """The plain ONNX Runtime server on bundles: see the module's docstring."""
     if not (classify or qa):
         raise ValueError("give at least one bundle directory (classify or qa)")
-    classifier = OrtModel(classify, variant, threads) if classify else None
+    model = OrtModel(classify, variant, threads) if classify else None
     reader = OrtQuestionAnswering(OrtModel(qa, variant, threads), qa) if qa else None
-    app = FastAPI(title="plain ONNX Runtime server")
-    app.state.info = {
+
+    def classifier(items: list[PairIn]) -> list[list[tuple[str, float]]]:
+        cut = {"truncation": True, "max_length": model.manifest.max_seq_len}
+        rows = [model.tokenizer(i.text, i.text_pair, **cut) for i in items]
+        logits = model.run(model.tokenizer.pad(rows, return_tensors="np"))[0]
+        probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+        probabilities /= probabilities.sum(-1, keepdims=True)
+        labels = model.manifest.labels or []
+        return [[(labels[k], row[k]) for k in np.argsort(row)[::-1]] for row in probabilities]
+
+    info = {
         "classify": str(classify) if classify else None,
         "qa": str(qa) if qa else None,
-        "variant": (classifier or (reader.model if reader else None)).variant,  # type: ignore[union-attr]
+        "variant": (model or reader.model).variant,  # type: ignore[union-attr]
         "intra_op_threads": threads,
     }
-
-    add_probes(app)
-
-    def missing(task: str) -> HTTPException:
-        return HTTPException(404, {"error": "no_model", "message": f"no {task} bundle loaded"})
-
-    @app.post("/classify")
-    def classify_endpoint(request: ClassifyIn) -> dict[str, Any]:
-        if classifier is None:
-            raise missing("classify")
-        tokenizer, max_length = classifier.tokenizer, classifier.manifest.max_seq_len
-        rows = [
-            tokenizer(i.text, i.text_pair, truncation=True, max_length=max_length)
-            for i in classify_items(request)
-        ]
-        probabilities = softmax(classifier.run(tokenizer.pad(rows, return_tensors="np"))[0])
-        labels = classifier.manifest.labels or []
-        return classify_response(
-            request, [[(labels[k], row[k]) for k in np.argsort(row)[::-1]] for row in probabilities]
-        )
-
-    add_qa_route(app, reader, missing)
-
-    return app
+    classify_fn = classifier if model is not None else None
+    return build_app("plain ONNX Runtime server", info, classify_fn, reader, "bundle")
 
 
 def serve(app: FastAPI, what: str, port: int) -> int:

@@ -2,24 +2,14 @@
 
     .venv/bin/python -m benchmarks.qa_vs_pipeline            # held-out SQuAD articles, 1k/10k/50k contexts
     .venv/bin/python -m benchmarks.qa_vs_pipeline --quick    # smoke run (30 questions, 1 latency question)
-    .venv/bin/python -m benchmarks.qa_vs_pipeline --quick --dev-models   # before the defaults exist
 
-1. Answers: every question of the selected SQuAD articles goes through both; we report how often
-   they agree (same character span, same normalised text, token F1 between the two) and the EM/F1 of
-   each against the gold answers (processing.metrics, the official SQuAD definitions).
-2. Latency vs context length: contexts of about 1k, 10k and 50k characters are built by
-   concatenating other paragraphs around the question's own paragraph; both sides answer them and
-   a line (latency = a + b * chars) and a log-log exponent are fitted: 1 means linear growth.
-
-Articles (`--articles`): the default `trainer:0.15:42` is exactly the validation split that
-`python -m train --validation-fraction 0.15` (seed 42) held out of this file, i.e. articles
-the QA default never trained on. The last 15% of the file by order (`last:0.15`) would mostly be
-training articles under that split, so it is available but not the default. Also accepted: a
-comma list of article indices or titles, or `all`.
-Ours runs in-process (variants `--variants`, default fused (fp32: isolates pre/post-processing)
-and int8 (what the service serves)), or through a running service with `--service-url`.
-The baseline is benchmarks/pipeline_server.make_qa_baseline on the bundle's checkpoint.
-Skips (exit 0) when the SQuAD file is absent. Writes benchmarks/results/qa_vs_pipeline{,_quick}.*.
+Every question of the held-out SQuAD articles (`--articles trainer:0.15:42`: the split the QA default's
+recipe held out) through both: how often they agree (span, normalised text, token F1 between them) and
+EM/F1 against the gold answers; then latency on contexts of about 1k, 10k and 50k characters (other
+paragraphs around the question's own), with a linear fit and a log-log exponent (1: linear growth).
+Ours runs in-process (`--variants`: fused fp32 isolates pre/post-processing, int8 is what the service
+serves); the baseline is benchmarks/pipeline_server.make_qa_baseline on the bundle's checkpoint.
+Skips (exit 0) without the SQuAD file. Writes benchmarks/results/qa_vs_pipeline{,_quick}.*.
 """
 
 from __future__ import annotations
@@ -33,65 +23,105 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import bench_common as common
-from benchmarks.qa_data import agreement, build_long_context, select_articles
-from processing.metrics import normalize_answer, squad_scores
+from processing.metrics import normalize_answer, squad_scores, token_f1
 
 DATA = common.ROOT.parent / "shared" / "data" / "squad" / "squad-v1.1-dev-part-b.json"
 SIZES = (1_000, 10_000, 50_000)
+NO_ANSWER = {"text": "", "start": 0, "end": 0}
 Reader = Callable[[str, str], dict[str, Any]]  # (question, context) -> {"text", "start", "end"}
 
 
-def timed(reader: Reader, question: str, context: str, repeats: int) -> tuple[dict[str, Any], float]:
-    answer, times = common.timed(lambda: reader(question, context), repeats)
-    return answer, statistics.median(times)
+# ------------------------------------------------------------------ data (pure: tested exactly)
+def select_articles(examples: list, spec: str) -> tuple[list, str]:
+    """The examples of the articles `spec` names (`all`, or `trainer[:FRACTION[:SEED]]`: the articles
+    `python -m train --validation-fraction FRACTION --seed SEED` holds out), and a description."""
+    from train.splits import split_by_group
+
+    titles = list(dict.fromkeys(e.group for e in examples))
+    kind, _, rest = spec.partition(":")
+    fraction, _, seed = rest.partition(":")
+    if spec == "all":
+        held = examples
+    elif kind == "trainer":
+        held = split_by_group(examples, float(fraction or 0.15), int(seed or 42))[1]
+    else:
+        raise SystemExit(f"--articles: {spec!r} is neither `all` nor `trainer[:FRACTION[:SEED]]`")
+    chosen = list(dict.fromkeys(e.group for e in held))
+    keep = set(chosen)
+    described = f"{spec}: {len(chosen)} of {len(titles)} articles {chosen}"
+    return [e for e in examples if e.group in keep], described
 
 
-NO_ANSWER = {"text": "", "start": 0, "end": 0}
+def agreement(ours: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How often two systems give the same answer to the same questions."""
+    if set(ours) != set(theirs):
+        raise ValueError(f"answer sets differ: {len(set(ours) ^ set(theirs))} question ids in only one")
+    n = len(ours)
+    same_span = sum(
+        (ours[q]["start"], ours[q]["end"]) == (theirs[q]["start"], theirs[q]["end"]) for q in ours
+    )
+    differing = [q for q in ours if normalize_answer(ours[q]["text"]) != normalize_answer(theirs[q]["text"])]
+    overlap = [token_f1(ours[q]["text"], theirs[q]["text"]) for q in ours]
+    return {
+        "questions": n,
+        "same_span": same_span,
+        "same_normalized_text": n - len(differing),
+        "same_span_rate": round(same_span / n, 4) if n else None,
+        "same_text_rate": round((n - len(differing)) / n, 4) if n else None,
+        "mean_token_f1_between": round(statistics.fmean(overlap), 4) if n else None,
+        "examples_of_differences": [
+            {"id": q, "ours": ours[q]["text"], "theirs": theirs[q]["text"]} for q in differing[:10]
+        ],
+    }
 
 
+def build_long_context(paragraph: str, fillers: list[str], target: int, rng: random.Random):
+    """About `target` characters: other paragraphs around `paragraph` (at a random slot). Returns the
+    context and where `paragraph` starts in it; exactly `target` long unless the paragraph is longer."""
+    budget = target - len(paragraph)
+    if budget <= 1:
+        return paragraph, 0
+    pool = [f for f in fillers if f != paragraph]
+    if not pool:
+        raise ValueError("need other paragraphs to build a long context")
+    rng.shuffle(pool)
+    chosen, used = [], 0
+    while used < budget:
+        chosen.append(pool[len(chosen) % len(pool)][: budget - used - 1])  # one space joins each filler
+        used += len(chosen[-1]) + 1
+    slot = rng.randint(0, len(chosen))
+    return " ".join([*chosen[:slot], paragraph, *chosen[slot:]]), sum(len(p) + 1 for p in chosen[:slot])
+
+
+# ------------------------------------------------------------------ readers and measurements
 def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tuple[dict[str, Reader], str]:
-    """name -> reader (ours in-process per variant, or the service; then transformers), baseline kind."""
+    """name -> reader (ours in-process per variant, then transformers), and the baseline's kind."""
+    from benchmarks.model_only import BundleModel
     from benchmarks.pipeline_server import make_qa_baseline, qa_settings_from_bundle
 
     readers: dict[str, Reader] = {}
-    if args.service_url:
-        import httpx
+    for variant in args.variants:
+        model = BundleModel(bundle, variant, args.threads)
 
-        client = httpx.Client(base_url=args.service_url, timeout=300)
+        def ours(question: str, context: str, model=model) -> dict[str, Any]:
+            answers = model.answer(question, context)[0]
+            best = answers[0] if answers else None
+            return {"text": best.text, "start": best.start, "end": best.end} if best else NO_ANSWER
 
-        def service(question: str, context: str) -> dict[str, Any]:
-            response = client.post("/qa", json={"question": question, "context": context})
-            response.raise_for_status()
-            answers = response.json()["answers"]
-            return answers[0] if answers else NO_ANSWER
-
-        readers["service"] = service
-    else:
-        from benchmarks.model_only import BundleModel
-
-        for variant in args.variants:
-            model = BundleModel(bundle, variant, args.threads)
-
-            def ours(question: str, context: str, model=model) -> dict[str, Any]:
-                answers, _ = model.answer(question, context)
-                if not answers:
-                    return NO_ANSWER
-                return {"text": answers[0].text, "start": answers[0].start, "end": answers[0].end}
-
-            readers[f"ours-{variant}"] = ours
+        readers[f"ours-{variant}"] = ours
     baseline = make_qa_baseline(checkpoint, qa_settings_from_bundle(bundle))
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-
-    def transformers(question: str, context: str) -> dict[str, Any]:
-        answers = baseline(question, context)[0]
-        return answers[0] if answers else NO_ANSWER
-
-    readers["transformers"] = transformers
+    readers["transformers"] = lambda question, context: (baseline(question, context)[0] or [NO_ANSWER])[0]
     print(f"baseline: {baseline.kind}", flush=True)
     return readers, baseline.kind
+
+
+def timed(reader: Reader, question: str, context: str, repeats: int) -> tuple[dict[str, Any], float]:
+    answer, times = common.timed(lambda: reader(question, context), repeats)
+    return answer, statistics.median(times)
 
 
 def answer_all(readers: dict[str, Reader], examples: list) -> tuple[dict[str, dict], dict[str, float]]:
@@ -101,8 +131,7 @@ def answer_all(readers: dict[str, Reader], examples: list) -> tuple[dict[str, di
     for name, reader in readers.items():
         seconds = []
         for n, example in enumerate(examples, 1):
-            answer, took = timed(reader, example.question, example.context, 1)
-            predictions[name][example.id] = answer
+            predictions[name][example.id], took = timed(reader, example.question, example.context, 1)
             seconds.append(took)
             if n % 200 == 0:
                 print(f"  {name}: {n}/{len(examples)} questions", flush=True)
@@ -110,47 +139,33 @@ def answer_all(readers: dict[str, Reader], examples: list) -> tuple[dict[str, di
     return predictions, mean_ms
 
 
-def exact(answer: dict[str, Any], golds: list[str]) -> float:
-    return max(float(normalize_answer(answer["text"]) == normalize_answer(g)) for g in golds)
-
-
 def fit_growth(rows: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
     """Linear fit of ms over characters, and the log-log exponent of the per-size means."""
-    per_size = {s: statistics.fmean(r["ms"] for r in rows if r["target_chars"] == s) for s in sizes}
-    chars = {s: statistics.fmean(r["chars"] for r in rows if r["target_chars"] == s) for s in sizes}
+    at = {s: [r for r in rows if r["target_chars"] == s] for s in sizes}
+    per_size = {s: statistics.fmean(r["ms"] for r in at[s]) for s in sizes}
+    chars = {s: statistics.fmean(r["chars"] for r in at[s]) for s in sizes}
     out: dict[str, Any] = {
         "mean_ms_by_size": {str(s): round(v, 3) for s, v in per_size.items()},
         "exact_match_by_size": {
-            str(s): round(statistics.fmean(r["exact_match"] for r in rows if r["target_chars"] == s), 3)
-            for s in sizes
+            str(s): round(statistics.fmean(r["exact_match"] for r in at[s]), 3) for s in sizes
         },
     }
     if len(set(chars.values())) < 2:
         return {**out, "ms_per_1k_chars": None, "intercept_ms": None, "r2": None, "loglog_exponent": None}
     fit = common.linear_fit([r["chars"] for r in rows], [r["ms"] for r in rows])
     exponent = common.power_law_exponent(list(chars.values()), list(per_size.values()))
-    return {
-        **out,
-        "ms_per_1k_chars": round(fit["slope"] * 1e3, 3),
-        "intercept_ms": round(fit["intercept"], 3),
-        "r2": round(fit["r2"], 4),
-        "loglog_exponent": round(exponent, 3),
-    }
+    out["ms_per_1k_chars"], out["intercept_ms"] = round(fit["slope"] * 1e3, 3), round(fit["intercept"], 3)
+    return {**out, "r2": round(fit["r2"], 4), "loglog_exponent": round(exponent, 3)}
 
 
 def latency_scaling(readers: dict[str, Reader], examples: list, args: argparse.Namespace) -> dict[str, Any]:
     """Median latency per (reader, size, question) on built contexts, plus a fit per reader."""
-    rng = random.Random(args.seed)
     fillers = list(dict.fromkeys(e.context for e in examples))
-    picked = rng.sample(examples, min(args.latency_questions, len(examples)))
+    picked = random.Random(args.seed).sample(examples, min(args.latency_questions, len(examples)))
     cases = [
-        (
-            size,
-            example,
-            build_long_context(example.context, fillers, size, random.Random(f"{size}-{example.id}"))[0],
-        )
+        (size, e, build_long_context(e.context, fillers, size, random.Random(f"{size}-{e.id}"))[0])
         for size in args.sizes
-        for example in picked
+        for e in picked
     ]
     rows, fits = [], {}
     for name, reader in readers.items():
@@ -158,25 +173,19 @@ def latency_scaling(readers: dict[str, Reader], examples: list, args: argparse.N
         mine = []
         for size, example, context in cases:
             answer, seconds = timed(reader, example.question, context, args.repeats)
-            golds = [a for a, _ in example.answers]
-            mine.append(
-                {
-                    "reader": name,
-                    "target_chars": size,
-                    "chars": len(context),
-                    "id": example.id,
-                    "ms": round(seconds * 1e3, 3),
-                    "exact_match": exact(answer, golds),
-                }
-            )
+            said = normalize_answer(answer["text"])
+            em = max(float(said == normalize_answer(g)) for g, _ in example.answers)
+            mine.append({"reader": name, "target_chars": size, "chars": len(context), "id": example.id,
+                         "ms": round(seconds * 1e3, 3), "exact_match": em})  # fmt: skip
             print(f"  {name:14} {len(context):6d} chars: {seconds * 1e3:9.1f} ms", flush=True)
         rows += mine
         fits[name] = fit_growth(mine, args.sizes)
     return {"rows": rows, "fits": fits, "questions": [e.id for e in picked]}
 
 
+# ------------------------------------------------------------------ report
 def markdown(report: dict[str, Any]) -> str:
-    s = report["settings"]
+    s, lat = report["settings"], report["latency"]
     lines = [
         "# QA: ours vs transformers",
         "",
@@ -189,74 +198,49 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "| reader | EM | F1 | mean ms / question |",
         "|---|---:|---:|---:|",
-    ]
-    for name, scores in report["scores"].items():
-        lines.append(
-            f"| {name} | {scores['exact_match']:.2f} | {scores['f1']:.2f} | {report['mean_ms'][name]} |"
-        )
-    lines += [
+        *(f"| {name} | {v['exact_match']:.2f} | {v['f1']:.2f} | {report['mean_ms'][name]} |"
+          for name, v in report["scores"].items()),
         "",
         "| ours vs transformers | same span | same text | token F1 between |",
         "|---|---:|---:|---:|",
-    ]
-    for name, a in report["agreement"].items():
-        lines.append(
-            f"| {name} | {a['same_span_rate']:.2%} | {a['same_text_rate']:.2%} | "
-            f"{a['mean_token_f1_between']:.3f} |"
-        )
-    lat = report["latency"]
-    lines += [
+        *(f"| {name} | {a['same_span_rate']:.2%} | {a['same_text_rate']:.2%} "
+          f"| {a['mean_token_f1_between']:.3f} |" for name, a in report["agreement"].items()),
         "",
         f"Latency vs context length ({len(lat['questions'])} questions x {s['repeats']} repeats, median):",
         "",
-        "| reader | "
-        + " | ".join(f"{k} chars ms" for k in s["sizes"])
+        "| reader | " + " | ".join(f"{k} chars ms" for k in s["sizes"])
         + " | ms per 1k chars | intercept ms | R² | log-log exponent | EM by size |",
         "|---|" + "---:|" * (len(s["sizes"]) + 5),
-    ]
+    ]  # fmt: skip
     for name, fit in lat["fits"].items():
         lines.append(
-            f"| {name} | "
-            + " | ".join(str(v) for v in fit["mean_ms_by_size"].values())
+            f"| {name} | " + " | ".join(str(v) for v in fit["mean_ms_by_size"].values())
             + f" | {fit['ms_per_1k_chars']} | {fit['intercept_ms']} | {fit['r2']} "
             f"| {fit['loglog_exponent']} | {' / '.join(map(str, fit['exact_match_by_size'].values()))} |"
-        )
+        )  # fmt: skip
     return "\n".join(lines)
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
     plt = common.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    names = list(report["scores"])
-    em = [report["scores"][n]["exact_match"] for n in names]
-    f1 = [report["scores"][n]["f1"] for n in names]
-    x = range(len(names))
-    left.bar([i - 0.2 for i in x], em, 0.4, label="EM")
-    left.bar([i + 0.2 for i in x], f1, 0.4, label="F1")
-    left.set_xticks(list(x), names)
-    left.set_ylabel("SQuAD score (%)")
-    left.set_title(f"{report['questions']} held-out questions")
+    names, x = list(report["scores"]), range(len(report["scores"]))
+    for shift, metric, label in ((-0.2, "exact_match", "EM"), (0.2, "f1", "F1")):
+        left.bar([i + shift for i in x], [report["scores"][n][metric] for n in names], 0.4, label=label)
+    left.set(xticks=list(x), xticklabels=names, ylabel="SQuAD score (%)",
+             title=f"{report['questions']} held-out questions")  # fmt: skip
     left.legend()
     for name, fit in report["latency"]["fits"].items():
         rows = [r for r in report["latency"]["rows"] if r["reader"] == name]
-        dots = right.plot([r["chars"] for r in rows], [r["ms"] for r in rows], "o", alpha=0.5)[0]
-        xs = sorted({r["chars"] for r in rows})
-        if fit["ms_per_1k_chars"] is None:
-            dots.set_label(name)
-            continue
-        right.plot(
-            xs,
-            [fit["intercept_ms"] + fit["ms_per_1k_chars"] * c / 1e3 for c in xs],
-            "-",
-            color=dots.get_color(),
-            label=f"{name}: {fit['ms_per_1k_chars']} ms/1k chars, exponent {fit['loglog_exponent']}",
-        )
-    right.set_xscale("log")
-    right.set_yscale("log")
-    right.set_xlabel("context length, characters")
-    right.set_ylabel("latency, ms")
+        dots = right.plot([r["chars"] for r in rows], [r["ms"] for r in rows], "o", alpha=0.5, label=name)[0]
+        if fit["ms_per_1k_chars"] is not None:
+            xs = sorted({r["chars"] for r in rows})
+            dots.set_label(f"{name}: {fit['ms_per_1k_chars']} ms/1k chars, exponent {fit['loglog_exponent']}")
+            line = [fit["intercept_ms"] + fit["ms_per_1k_chars"] * c / 1e3 for c in xs]
+            right.plot(xs, line, "-", color=dots.get_color())
+    right.set(xscale="log", yscale="log", xlabel="context length, characters", ylabel="latency, ms",
+              title="latency vs context length (line = linear fit)")  # fmt: skip
     right.legend(fontsize=8)
-    right.set_title("latency vs context length (line = linear fit)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -266,22 +250,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--data", type=Path, default=DATA)
-    p.add_argument(
-        "--articles",
-        default="trainer:0.15:42",
-        help="trainer[:FRACTION[:SEED]], last[:FRACTION], all, or a comma list of article indices/titles",
-    )
+    p.add_argument("--articles", default="trainer:0.15:42", help="trainer[:FRACTION[:SEED]] or all")
     p.add_argument("--limit", type=int, help="at most this many questions (default all; quick 30)")
     p.add_argument("--bundle", type=Path, default=common.default_bundle("qa"))
     p.add_argument("--checkpoint", default="auto", help="baseline checkpoint (auto: the bundle's source)")
     p.add_argument("--variants", default="fused,int8", help="our bundle variants to run in-process")
-    p.add_argument("--service-url", help="ask a running service instead of running ours in-process")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="context lengths, characters")
     p.add_argument("--latency-questions", type=int, help="questions per size (default 5; quick 1)")
     p.add_argument("--repeats", type=int, help="timed runs per point (default 3; quick 1)")
     p.add_argument("--threads", type=int, default=0, help="ORT and torch threads (0 = defaults)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dev-models", action="store_true", help="MiniLM with a random QA head")
     p.add_argument("--work-dir", type=Path, default=common.WORK)
     p.add_argument("--out", type=Path, default=common.RESULTS)
     args = p.parse_args(argv)
@@ -305,13 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from train.readers import read_squad
 
-    if args.dev_models:
-        checkpoint_dir, bundle = common.build_dev_models(["qa"], args.work_dir)["qa"]
-        requested: str | None = str(checkpoint_dir)
-    else:
-        bundle, requested = args.bundle, args.checkpoint
-    common.require_bundle(bundle, "qa")
-    checkpoint, how = common.resolve_checkpoint(bundle, requested, "qa", args.work_dir)
+    bundle = common.require_bundle(args.bundle, "qa")
+    checkpoint, how = common.resolve_checkpoint(bundle, args.checkpoint, "qa", args.work_dir)
     examples, described = select_articles(list(read_squad(args.data)), args.articles)
     examples = [e for e in examples if e.answers]  # SQuAD v2 unanswerable questions are out of scope
     print(f"articles {described}; {len(examples)} questions", flush=True)
@@ -320,42 +293,23 @@ def main(argv: list[str] | None = None) -> int:
     readers, baseline_kind = make_readers(args, bundle, checkpoint)
     predictions, mean_ms = answer_all(readers, examples)
     gold = {e.id: [a for a, _ in e.answers] for e in examples}
-    scores = {
-        name: squad_scores({q: a["text"] for q, a in answers.items()}, gold)
-        for name, answers in predictions.items()
-    }
-    agree = {
-        name: agreement(predictions[name], predictions["transformers"])
-        for name in readers
-        if name != "transformers"
-    }
+    scores = {n: squad_scores({q: a["text"] for q, a in p.items()}, gold) for n, p in predictions.items()}
     print(f"scores {scores}", flush=True)
-    latency = latency_scaling(readers, examples, args)
+    theirs = predictions["transformers"]
+    command = " ".join(["python -m benchmarks.qa_vs_pipeline", *(sys.argv[1:] if argv is None else argv)])
+    settings = {"command": command, "quick": args.quick, "data": str(args.data), "articles": described,
+                "bundle": str(bundle), "checkpoint": str(checkpoint), "checkpoint_source": how}  # fmt: skip
+    settings |= {k: getattr(args, k) for k in ("variants", "sizes", "repeats")}
+    settings |= {"baseline": baseline_kind, "threads": args.threads, "seed": args.seed}
     report = {
         "created_at": common.now(),
         "machine": common.machine_info(args.threads or None),
-        "settings": {
-            "command": "python -m benchmarks.qa_vs_pipeline "
-            + " ".join(argv if argv is not None else sys.argv[1:]),
-            "quick": args.quick,
-            "data": str(args.data),
-            "articles": described,
-            "bundle": str(bundle),
-            "checkpoint": str(checkpoint),
-            "checkpoint_source": how,
-            "variants": args.variants,
-            "service_url": args.service_url,
-            "sizes": args.sizes,
-            "repeats": args.repeats,
-            "baseline": baseline_kind,
-            "threads": args.threads,
-            "seed": args.seed,
-        },
+        "settings": settings,
         "questions": len(examples),
         "scores": scores,
         "mean_ms": mean_ms,
-        "agreement": agree,
-        "latency": latency,
+        "agreement": {n: agreement(p, theirs) for n, p in predictions.items() if n != "transformers"},
+        "latency": latency_scaling(readers, examples, args),
     }
     stem = "qa_vs_pipeline_quick" if args.quick else "qa_vs_pipeline"
     common.write_results(args.out, stem, report, markdown(report), lambda path: plot(report, path))

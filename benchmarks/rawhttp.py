@@ -31,10 +31,6 @@ class RawResponse:
     headers: dict[str, str]
     body: bytes
 
-    @property
-    def is_success(self) -> bool:
-        return 200 <= self.status < 300
-
     def json(self) -> Any:
         return json.loads(self.body)
 
@@ -46,12 +42,11 @@ def encode_request(
     headers: dict[str, str] | None = None,
     host: str = "127.0.0.1",
 ) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
-    all_headers = dict(headers or {})
+    all_headers = {"Host": host, **(headers or {})}
     if body is not None:
         all_headers = {"Content-Type": "application/json", **all_headers, "Content-Length": str(len(body))}
-    lines += [f"{name}: {value}" for name, value in all_headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+    head = [f"{method} {path} HTTP/1.1", *(f"{name}: {value}" for name, value in all_headers.items())]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
 
 
 def post_json(path: str, payload: Any, headers: dict[str, str] | None = None) -> bytes:
@@ -61,26 +56,17 @@ def post_json(path: str, payload: Any, headers: dict[str, str] | None = None) ->
 async def read_response(reader: asyncio.StreamReader) -> RawResponse:
     head = await reader.readuntil(b"\r\n\r\n")
     status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
-    headers = {}
-    for line in header_lines:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        body = await _read_chunked(reader)
-    else:
+    headers = {
+        name.strip().lower(): value.strip() for name, _, value in (h.partition(":") for h in header_lines)
+    }
+    if headers.get("transfer-encoding", "").lower() != "chunked":
         length = int(headers.get("content-length", "0"))
-        body = await reader.readexactly(length) if length else b""
-    return RawResponse(int(status_line.split(" ", 2)[1]), headers, body)
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+        return RawResponse(int(status_line.split(" ", 2)[1]), headers, await reader.readexactly(length))
     parts = []
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-        chunk = await reader.readexactly(size + 2)  # the chunk and its CRLF
-        if size == 0:
-            return b"".join(parts)
-        parts.append(chunk[:-2])
+    while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+        parts.append((await reader.readexactly(size + 2))[:-2])  # the chunk and its CRLF
+    await reader.readexactly(2)  # the last chunk's CRLF
+    return RawResponse(int(status_line.split(" ", 2)[1]), headers, b"".join(parts))
 
 
 @dataclass
@@ -117,14 +103,7 @@ class ConnectionPool:
             raise HTTPError(f"cannot connect: {e}") from e
         return await self._exchange(reader, writer, raw, timeout_s, reused=False)
 
-    async def _exchange(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        raw: bytes,
-        timeout_s: float,
-        reused: bool,
-    ) -> RawResponse:
+    async def _exchange(self, reader, writer, raw: bytes, timeout_s: float, reused: bool) -> RawResponse:
         try:
             writer.write(raw)
             response = await asyncio.wait_for(read_response(reader), timeout_s)

@@ -1,27 +1,18 @@
 """Sentence ranking on held-out SQuAD articles: the reranker default against a bi-encoder and BM25.
 
-    python -m benchmarks.rerank_quality [--route rerank|classify] [--url URL] [--bundles .cache/bundles]
+    python -m benchmarks.rerank_quality [--url URL] [--bundles .cache/bundles]
 
-Every question of the reranker recipe's held-out articles (`benchmarks/finetune.py`, recipe
-"rerank": the same 5 articles the QA default holds out) ranks the sentences of its paragraph
-(train/squad_sentences.py: the one holding the answer is relevant). Three methods score exactly
-the same questions, through the live service where they are models:
-- the reranker (`rerank-minilm`) on `POST /rerank` (TEI: `{query, texts}` -> `[{index, score}]`);
-  `--route classify` sends the same pairs to `/classify` as `text_pair`s and reads the `relevant`
-  probability, the score `/rerank` returns by construction;
-- the bi-encoder (`all-minilm-l6-v2`) on `POST /similarity` (cosine of question and sentence);
-- BM25 (Okapi, k1 1.2, b 0.75, Lucene's idf), lower-cased word tokens, idf and average length
-  over every distinct sentence of the held-out articles.
-Results: benchmarks/results/rerank_quality.{json,md}.
+Every question of the reranker recipe's held-out articles (the 5 the QA default holds out) ranks the
+sentences of its paragraph (train/squad_sentences.py: the one holding the answer is relevant), by three
+methods on exactly the same questions: the reranker on `POST /rerank`, the bi-encoder on
+`POST /similarity`, and BM25 (Okapi, k1 1.2, b 0.75, Lucene's idf; lower-cased word
+tokens, statistics over the held-out sentences). Results: benchmarks/results/rerank_quality.{json,md}.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
-import shlex
-import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,14 +20,13 @@ from pathlib import Path
 import httpx
 
 from benchmarks import bench_common as common
-from benchmarks.finetune import recipes
-from benchmarks.live_quality import served_variants
+from benchmarks.live_quality import command, parser, served_variants, service, validation
 from processing.metrics import ranking_scores
 from train.readers import read_squad
+from train.recipes import recipes
 from train.splits import DataOptions, split_by_group
 from train.squad_sentences import RankingQuestion, ranking_questions, sentence_pairs
 
-REPO = Path(__file__).resolve().parent.parent
 WORD = re.compile(r"\w+")
 
 
@@ -75,19 +65,13 @@ def held_out_questions(recipe_data: list[str]) -> list[RankingQuestion]:
     return [q for q in questions if q.group in titles]
 
 
-def rerank_scores(client: httpx.Client, route: str, model: str, q: RankingQuestion) -> list[float]:
-    if route == "rerank":
-        r = client.post("/rerank", json={"query": q.question, "texts": q.sentences, "model": model})
-        r.raise_for_status()
-        scores = [0.0] * len(q.sentences)
-        for item in r.json():
-            scores[item["index"]] = item["score"]
-        return scores
-    inputs = [{"text": q.question, "text_pair": s} for s in q.sentences]
-    r = client.post("/classify", json={"inputs": inputs, "model": model})
+def rerank_scores(client: httpx.Client, model: str, q: RankingQuestion) -> list[float]:
+    r = client.post("/rerank", json={"query": q.question, "texts": q.sentences, "model": model})
     r.raise_for_status()
-    results = r.json()["results"]
-    return [next(x["score"] for x in res["scores"] if x["label"] == "relevant") for res in results]
+    scores = [0.0] * len(q.sentences)
+    for item in r.json():
+        scores[item["index"]] = item["score"]
+    return scores
 
 
 def similarity_scores(client: httpx.Client, model: str, q: RankingQuestion) -> list[float]:
@@ -99,10 +83,9 @@ def similarity_scores(client: httpx.Client, model: str, q: RankingQuestion) -> l
 
 def live_scores(url: str, args, questions: list[RankingQuestion]) -> dict[str, list[list[float]]]:
     with httpx.Client(base_url=url, timeout=120) as client, ThreadPoolExecutor(args.concurrency) as pool:
-        reranker = list(pool.map(lambda q: rerank_scores(client, args.route, args.reranker, q), questions))
+        reranker = list(pool.map(lambda q: rerank_scores(client, args.reranker, q), questions))
         encoder = list(pool.map(lambda q: similarity_scores(client, args.embedder, q), questions))
-    served = served_variants(url)
-    args.variants = {name: served[name] for name in (args.reranker, args.embedder)}
+    args.variants = {name: served_variants(url)[name] for name in (args.reranker, args.embedder)}
     return {"reranker": reranker, "bi-encoder": encoder}
 
 
@@ -119,7 +102,7 @@ def paired(a: list[list[float]], b: list[list[float]], relevant: list[int]) -> d
     return {"wins": wins, "losses": losses, "same": len(diffs) - n, "sign_test_p": p}
 
 
-# The record behind the reranker default (benchmarks/finetune.py, recipe "rerank"): this selection
+# The record behind the reranker default (train/recipes.py, recipe "rerank"): this selection
 # was made after seeing held-out numbers, which a reader of the table must know.
 HISTORY = (
     "This is the reranker's second training run. The first (100 steps, a time budget on a shared "
@@ -131,32 +114,20 @@ HISTORY = (
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--route", choices=("rerank", "classify"), default="rerank")
-    parser.add_argument("--url", help="a running service (default: start one on --bundles)")
-    parser.add_argument("--bundles", type=Path, default=REPO / ".cache" / "bundles")
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--reranker", default="rerank-minilm")
-    parser.add_argument("--embedder", default="all-minilm-l6-v2")
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rerank_quality.json")
-    args = parser.parse_args()
+    p = parser(__doc__, concurrency=8)
+    p.add_argument("--url", help="a running service (default: start one on --bundles)")
+    p.add_argument("--reranker", default="rerank-minilm")
+    p.add_argument("--embedder", default="all-minilm-l6-v2")
+    args = p.parse_args()
     if not args.data.exists():
         print(f"{args.data} is absent: no SQuAD data to rank; skipping")
         return
     recipe = recipes(args.data)["rerank"]
     questions = held_out_questions(recipe["data"])
-    corpus = sorted({s for q in questions for s in q.sentences})
-    bm25 = BM25(corpus)
+    bm25 = BM25(sorted({s for q in questions for s in q.sentences}))
     scores = {"bm25": [[bm25.score(q.question, s) for s in q.sentences] for q in questions]}
-    if args.url:
-        scores |= live_scores(args.url, args, questions)
-    else:
-        url, running = common.serve_ours(args.bundles, common.WORK / "rerank_quality.log")
-        with running:
-            scores |= live_scores(url, args, questions)
+    with service(args.bundles, "rerank_quality", args.url) as url:
+        scores |= live_scores(url, args, questions)
     relevant = [q.relevant for q in questions]
     results = {name: ranking_scores(zip(s, relevant, strict=True)) for name, s in scores.items()}
     best = {m: max(results[b][m] for b in ("bi-encoder", "bm25")) for m in ("p@1", "mrr")}
@@ -164,24 +135,23 @@ def main() -> None:
     versus = {b: paired(scores["reranker"], scores[b], relevant) for b in ("bm25", "bi-encoder")}
     articles = sorted({q.group for q in questions})
     report = {
-        "command": shlex.join(["python", "-m", "benchmarks.rerank_quality", *sys.argv[1:]]),
+        "command": command("rerank_quality"),
         "machine": common.machine_info(),
-        "route": args.route,
+        "route": "rerank",
         "models": {"reranker": args.reranker, "bi-encoder": args.embedder},
         "variants": args.variants,
         "validation": {
             "articles": articles,
             "questions": len(questions),
             "sentences_per_question": sum(len(q.sentences) for q in questions) / len(questions),
-            "split": common.repo_relative(" ".join(recipe["data"])),
+            "split": validation(recipe),
         },
         "results": results,
         "reranker_beats_both_baselines": beats,
         "paired_top1": versus,
     }
-    route = "/rerank" if args.route == "rerank" else "/classify with text_pair (the scores /rerank returns)"
     how = {
-        "reranker": (f"reranker `{args.reranker}`", route),
+        "reranker": (f"reranker `{args.reranker}`", "/rerank"),
         "bi-encoder": (f"bi-encoder `{args.embedder}`", "/similarity"),
         "bm25": ("BM25 (k1 1.2, b 0.75)", "idf over the held-out sentences"),
     }
@@ -204,7 +174,7 @@ def main() -> None:
         + ".",
         *([f"\n{HISTORY}"] if args.reranker == "rerank-minilm" else []),
     ]
-    common.write_results(args.out.parent, args.out.stem, report, "\n".join(lines), None)
+    common.write_results(args.out, "rerank_quality", report, "\n".join(lines), None)
     print("\n".join(lines))
 
 

@@ -5,31 +5,32 @@
     python -m benchmarks.service_bench --endpoints embed,classify --servers all --rounds 2 --duration 5 \
         --concurrency 1,32 --name peers                    # every peer, each in its own environment
 
-A server is a server (the registry SERVERS): ours and its variants and `--ablation`s, the floors in
-this environment (pipeline_server.py: ORT and transformers; st_server.py) and the real peers, each in its
-own environment (peer_envs.py, peer_server.py). One at a time on loopback, in an order that rotates
-each round; each answers fixed probes first (compared with ours), then closed-loop load from
-loadgen.py in this process at each level (/embed also 32 texts per request at c=4) in its own
-protocol, with its CPU per request. Then, with no server running, our bare model on the same
-payloads (model_only.py). Targets and tables: service_report.py. See benchmarks/README.md.
+A server is a server (SERVERS): ours, its variants and `--ablation`s, the floors in this environment
+and the real peers in theirs (peer_envs.py). One at a time, in an order that rotates each round:
+fixed probes (compared with ours), then closed-loop load from loadgen.py at each workload in its
+protocol, with its CPU per request; then our bare model on the same payloads (model_only.py).
+Targets and tables: service_report.py. How to read it: benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from app.settings import available_cores
 from benchmarks import bench_common as common
 from benchmarks import loadgen, peer_envs, service_report
-from benchmarks.loadgen_payloads import SENTENCES, from_wire, make_payload, to_wire
+from benchmarks.loadgen_payloads import BASE, PATHS, SENTENCES, from_wire, make_payload, to_wire
 from export.bundle import MANIFEST_NAME
 
 VARIANT = "int8-rowwise"  # what our server and the plain ORT floor run, and the bare model
@@ -49,7 +50,6 @@ SERVERS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "mlserver": (("classify",), "v2", "mlserver", "MLServer + mlserver-huggingface (torch), V2"),
 }
 IN_REPO = [name for name, spec in SERVERS.items() if spec[2] is None]
-EXTRA_WORKLOADS = {"embed": [("embed-32", 4)]}  # 32 texts per request
 PROBE_CLASSIFY = [f"{SENTENCES[i]} {SENTENCES[(i + 5) % len(SENTENCES)]}" for i in range(len(SENTENCES))]
 
 
@@ -70,8 +70,7 @@ def command(name: str, endpoint: str, port: int, entry: dict[str, Any], args) ->
         floor = {
             "ort": f"pipeline_server --ort --{endpoint} {bundle} --variant {VARIANT}",
             "pipeline": f"pipeline_server --{endpoint} {checkpoint} --bundle {bundle}",
-            "st": "st_server --model minilm",
-        }[name]
+        }.get(name) or f"peer_server st --embed {peer_envs.minilm_dir()}"
         return f"{py} -m benchmarks.{floor} --port {port}".split(), {}, "/ready"
     if name.startswith("ours"):  # ours, its variants and ablations
         models_dir = args.work_dir / "models-dir" / endpoint
@@ -123,45 +122,55 @@ def per_request_ms(seconds: float, requests: int) -> float | None:
     return round(1000 * seconds / requests, 3) if requests else None
 
 
-def load_levels(url: str, pid: int, workloads: list[tuple[str, int]], protocol: str, args) -> list[dict]:
-    """Warm up, then one closed-loop run per workload with the server's and our CPU accounting."""
-    base = loadgen.LoadConfig(
-        url=url, duration_s=args.warmup, concurrency=max(c for _, c in workloads), timeout_s=120.0
-    )
-    base.endpoints, base.protocol = {workloads[0][0]: 1.0}, protocol
+# Our own counters, read from /metrics around each level (a peer has none: zeros).
+METRICS = ("bert_cache_hits_total", "bert_cache_misses_total", "bert_batch_size_sum", "bert_batch_size_count")
+METRICS += ("bert_batch_padded_tokens_sum",)
+
+
+def counters(url: str, pid: int) -> tuple[float, ...]:
+    """The server's CPU seconds (all, main thread), this process's (the load generator), and the sums
+    over label sets of METRICS."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        text = ""
+    sums = (sum(map(float, re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))) for name in METRICS)
+    return common.tree_cpu_seconds(pid), common.main_thread_cpu_seconds(pid), sum(os.times()[:2]), *sums
+
+
+def load_levels(url: str, pid: int, workloads: list[tuple[str, int]], protocol: str, args, around=None):
+    """Warm up, then one closed-loop run per workload with the server's and our CPU accounting.
+    `around(workload, level, row)`, a context manager, wraps each level's load and adds to its row."""
+    top, first = max(c for _, c in workloads), {workloads[0][0]: 1.0}
+    base = loadgen.LoadConfig(url, None, args.warmup, concurrency=top, endpoints=first, timeout_s=120.0)
+    base.protocol = protocol
     loadgen.run(base)
     rows = []
     for workload, level in workloads:
-        config = loadgen.LoadConfig(
-            **{
-                **base.__dict__,
-                "duration_s": args.duration,
-                "concurrency": level,
-                "endpoints": {workload: 1.0},
-            }
-        )
-        cpu, main = common.tree_cpu_seconds(pid), common.main_thread_cpu_seconds(pid)
-        client = sum(os.times()[:2])  # this process alone: the load generator
-        report = loadgen.run(config)
-        cpu, main = common.tree_cpu_seconds(pid) - cpu, common.main_thread_cpu_seconds(pid) - main
-        client, ok = sum(os.times()[:2]) - client, report["ok"]
-        rows.append(
-            {
-                "workload": workload,
-                "concurrency": level,
-                **{k: report[k] for k in ("requests", "ok", "errors", "errors_by_status", "schema_errors")},
-                "throughput_rps": report["throughput_rps"],
-                "latency_ms": report["latency_ms"],
-                "cpu_seconds_per_1000_requests": round(1000 * cpu / ok, 3) if ok else None,
-                # Its main thread (ours: the event loop) and its other threads (ours: inference).
-                "cpu_ms_per_request": {
-                    "main_thread": per_request_ms(main, ok),
-                    "other_threads": per_request_ms(cpu - main, ok),
-                    "load_generator": per_request_ms(client, ok),
-                },
-            }
-        )
-        lat = report["latency_ms"]
+        row: dict[str, Any] = {"workload": workload, "concurrency": level}
+        before, config = counters(url, pid), replace(base, duration_s=args.duration, concurrency=level)
+        with around(workload, level, row) if around else contextlib.nullcontext():
+            report = loadgen.run(replace(config, endpoints={workload: 1}))
+        delta = [b - a for a, b in zip(before, counters(url, pid), strict=True)]
+        cpu, main, client, hits, misses, batch_sizes, batches, padded = delta
+        ok, lat = report["ok"], report["latency_ms"]
+        keys = "requests ok errors errors_by_status schema_errors elapsed_s throughput_rps".split()
+        row |= {k: report[k] for k in keys} | {"latency_ms": lat}
+        row["cpu_seconds_per_1000_requests"] = round(1000 * cpu / ok, 3) if ok else None
+        # Its main thread (ours: the event loop) and its other threads (ours: inference).
+        row["cpu_ms_per_request"] = {
+            "main_thread": per_request_ms(main, ok),
+            "other_threads": per_request_ms(cpu - main, ok),
+            "load_generator": per_request_ms(client, ok),
+        }
+        if hits + misses:
+            row["cache_hit_rate"] = round(hits / (hits + misses), 3)
+        if batches and ok:
+            row["mean_batch_size"] = round(batch_sizes / batches, 2)
+            row["padded_tokens_per_request"] = round(padded / ok, 1)
+        rows.append(row)
         print(
             f"    {workload} c={level:<3} {report['throughput_rps']:8.2f} req/s  p50 {lat['p50']} ms  "
             f"p99 {lat['p99']} ms  errors {report['errors']}",
@@ -173,8 +182,7 @@ def load_levels(url: str, pid: int, workloads: list[tuple[str, int]], protocol: 
 # Causes that the end of a log does not show, found anywhere in it.
 CAUSES = {
     "_attention_scale": "optimum 1.x's ONNX exporter imports torch.onnx.symbolic_opset14._attention_scale, "
-    "gone in torch 2.13, the only CPU torch installable here (older CPU wheels are on PyTorch's own "
-    "index only; PyPI's pull CUDA). ",
+    "gone in torch 2.13, the only CPU torch installable here (PyPI's older ones pull CUDA). ",
 }
 
 
@@ -183,7 +191,7 @@ def run_server(name: str, endpoint: str, entry: dict[str, Any], args, reference:
     port = common.free_port()
     url, log = f"http://127.0.0.1:{port}", args.work_dir / "logs" / f"{endpoint}-{name}.log"
     protocol = SERVERS.get(name, SERVERS["ours"])[1]
-    workloads = [(endpoint, c) for c in args.concurrency] + EXTRA_WORKLOADS.get(endpoint, [])
+    workloads = [(w, c) for w, c in args.workloads if BASE.get(w, w) == endpoint]
     result: dict[str, Any] = {}
     try:
         argv, env, ready = command(name, endpoint, port, entry, args)
@@ -192,7 +200,7 @@ def run_server(name: str, endpoint: str, entry: dict[str, Any], args, reference:
         started = time.perf_counter()
         with common.server(argv, env, log, url, args.ready_timeout, ready_path=ready) as pid:
             result["ready_seconds"] = round(time.perf_counter() - started, 1)
-            if name == "ours":
+            if name.startswith("ours"):
                 import httpx
 
                 result["models"] = httpx.get(f"{url}/models", timeout=10).json()
@@ -269,20 +277,22 @@ def run_endpoint(endpoint: str, entry: dict[str, Any], names: list[str], args) -
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke run: c=1,8, 2 s per level")
-    p.add_argument("--endpoints", default="classify,qa", help="comma list of " + ",".join(ENDPOINTS))
-    p.add_argument("--servers", default=",".join(IN_REPO), help="comma list, or all, of " + ",".join(SERVERS))
-    p.add_argument("--concurrency", help="comma list (default 1,8,32,64; quick 1,8)")
-    p.add_argument("--duration", type=float, help="seconds per level (default 20; quick 2)")
-    p.add_argument("--warmup", type=float, help="warm-up seconds per server (default 5; quick 1)")
-    p.add_argument("--model-seconds", type=float, help="seconds per bare-model reference (default 10)")
-    p.add_argument(
-        "--rounds", type=int, default=1, help="alternating rounds; each level's median is reported"
+    add = p.add_argument
+    add("--quick", action="store_true", help="smoke run: c=1,8, 2 s per level")
+    add("--endpoints", default="classify,qa", help="comma list of " + ",".join(ENDPOINTS))
+    add("--servers", default=",".join(IN_REPO), help="comma list, or all, of " + ",".join(SERVERS))
+    add("--concurrency", help="comma list (default 1,8,32,64; quick 1,8)")
+    add(
+        "--workloads",
+        help="WORKLOAD:CONCURRENCY comma list (loadgen_payloads.PATHS) instead of each endpoint at every "
+        "--concurrency level and embed-32:4, e.g. embed-varied:1,embed-varied-32:32 or classify-zipf:8",
     )
-    p.add_argument(
-        "--ready-timeout", type=float, default=600.0, help="wait this long for a server to be ready"
-    )
-    p.add_argument(
+    add("--duration", type=float, help="seconds per level (default 20; quick 2)")
+    add("--warmup", type=float, help="warm-up seconds per server (default 5; quick 1)")
+    add("--model-seconds", type=float, help="seconds per bare-model reference (default 10)")
+    add("--rounds", type=int, default=1, help="alternating rounds; each level's median is reported")
+    add("--ready-timeout", type=float, default=600.0, help="wait this long for a server to be ready")
+    add(
         "--ablation",
         action="append",
         default=[],
@@ -290,14 +300,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="one more server, ours-NAME: ours with these settings, e.g. quiet:LOG_LEVEL=WARNING",
     )
     for task in ("classify", "qa"):
-        p.add_argument(f"--{task}-bundle", type=Path, default=common.default_bundle(task))
-    p.add_argument("--embed-bundle", type=Path, default=common.ROOT / ".cache/bundles/all-minilm-l6-v2")
-    p.add_argument("--classify-checkpoint", default="auto", help="auto: the bundle's source checkpoint")
-    p.add_argument("--qa-checkpoint", default="auto")
-    p.add_argument("--dev-models", action="store_true", help="MiniLM with random heads, not the defaults")
-    p.add_argument("--work-dir", type=Path, default=common.WORK)
-    p.add_argument("--out", type=Path, default=common.RESULTS)
-    p.add_argument("--name", help="results file stem (default service, or service_quick)")
+        add(f"--{task}-bundle", type=Path, default=common.default_bundle(task))
+        add(f"--{task}-checkpoint", default="auto", help="auto: the bundle's source checkpoint")
+    add("--embed-bundle", type=Path, default=common.ROOT / ".cache/bundles/all-minilm-l6-v2")
+    add("--dev-models", action="store_true", help="MiniLM with random heads, not the defaults")
+    add("--work-dir", type=Path, default=common.WORK)
+    add("--out", type=Path, default=common.RESULTS)
+    add("--name", help="results file stem (default service, or service_quick)")
     args = p.parse_args(argv)
     args.endpoints = [e for e in args.endpoints.split(",") if e]
     args.servers = list(SERVERS) if args.servers == "all" else [s for s in args.servers.split(",") if s]
@@ -309,9 +318,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.concurrency = [
             int(c) for c in (args.concurrency or ("1,8" if args.quick else "1,8,32,64")).split(",")
         ]
+        args.workloads = [
+            (w, int(c))
+            for w, _, c in (item.rpartition(":") for item in (args.workloads or "").split(",") if item)
+        ] or [(e, c) for e in args.endpoints for c in args.concurrency] + [("embed-32", 4)]
     except ValueError:
-        p.error("--ablation takes NAME:SETTING=VALUE[,SETTING=VALUE]; --concurrency a comma list of integers")
+        p.error(
+            "--ablation takes NAME:SETTING=VALUE[,SETTING=VALUE]; --concurrency a comma list of integers; "
+            "--workloads WORKLOAD:CONCURRENCY items"
+        )
     args.servers += [kind for kind in args.ablations if kind not in args.servers]
+    if set(w for w, _ in args.workloads) - set(PATHS):
+        p.error(f"--workloads must name some of {sorted(PATHS)}")
     if not args.endpoints or set(args.endpoints) - set(ENDPOINTS):
         p.error(f"--endpoints must name some of {ENDPOINTS}")
     if not args.servers or set(args.servers) - set(SERVERS) - set(args.ablations):
@@ -378,13 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     report["elapsed_s"] = round(time.perf_counter() - started, 1)
     report["load_average_at_end"] = list(os.getloadavg())
     stem = args.name or ("service_quick" if args.quick else "service")
-    common.write_results(
-        args.out,
-        stem,
-        report,
-        service_report.markdown(report),
-        lambda path: service_report.plot(report, path),
-    )
+    plot = lambda path: service_report.plot(report, path)  # noqa: E731
+    common.write_results(args.out, stem, report, service_report.markdown(report), plot)
     return 0
 
 

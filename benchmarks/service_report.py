@@ -68,7 +68,7 @@ def targets(entry: dict[str, Any]) -> dict[str, Any]:
     """The issue-30 targets from our rows, the bare model's and the peers' (those measured)."""
     out: dict[str, Any] = {}
     rows = entry["servers"].get("ours", {}).get("levels", [])
-    ours = {r["concurrency"]: r for r in rows if r.get("workload") != "embed-32"}
+    ours = {r["concurrency"]: r for r in rows if "-" not in r.get("workload", "")}  # the endpoint's own
     ref = entry.get("model_only")
     if ref and 32 in ours and ref["batched"]["best_requests_per_s"]:
         best = ref["batched"]["best_requests_per_s"]
@@ -118,6 +118,21 @@ def targets(entry: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def extras(row: dict[str, Any]) -> str:
+    """Our own counters over the level: the response cache's hit rate, the batches' mean size and
+    the padded tokens per request."""
+    names = {
+        "cache_hit_rate": "cache hits",
+        "mean_batch_size": "mean batch",
+        "padded_tokens_per_request": "padded/req",
+    }
+    return ", ".join(
+        f"{label} {row[k]:.0%}" if k == "cache_hit_rate" else f"{label} {row[k]}"
+        for k, label in names.items()
+        if k in row
+    )
+
+
 def markdown(report: dict[str, Any]) -> str:
     s = report["settings"]
     lines = [
@@ -145,7 +160,7 @@ def markdown(report: dict[str, Any]) -> str:
             ),
             "",
             "| server | workload | req/s | vs fastest peer | p50 ms | p99 ms | errors "
-            "| CPU ms/req: main thread / other threads / load generator | answers vs ours |",
+            "| CPU ms/req: main thread / other threads / load generator | answers vs ours; our counters |",
             "|---|---|---:|---:|---:|---:|---:|---|---|",
         ]
         for name, result in entry["servers"].items():
@@ -153,8 +168,7 @@ def markdown(report: dict[str, Any]) -> str:
                 text = [line.strip() for line in result["error"].splitlines() if line.strip()] or ["?"]
                 failed.append(f"- **{name}** (/{endpoint}): {text[0]} … {text[-1]}")
                 continue
-            answers = result.get("answers")
-            answers_text = ", ".join(f"{k} {v}" for k, v in answers.items()) if answers else ""
+            answers = ", ".join(f"{k} {v}" for k, v in (result.get("answers") or {}).items())
             for r in result["levels"]:
                 lat, peer = r["latency_ms"], fastest_peer(entry, key(r))
                 lo, hi = min(r["throughput_rps_by_round"]), max(r["throughput_rps_by_round"])
@@ -163,7 +177,7 @@ def markdown(report: dict[str, Any]) -> str:
                     + (f"{r['throughput_rps'] / peer[1]:.2f}" if peer else "—")
                     + f" | {lat['p50']} | {lat['p99']} | {r['errors']} | "
                     + " / ".join(str(v) for v in r["cpu_ms_per_request"].values())
-                    + f" | {answers_text} |"
+                    + f" | {'; '.join(filter(None, [answers, extras(r)]))} |"
                 )
         ref = entry.get("model_only")
         if ref:
@@ -204,18 +218,12 @@ def plot(report: dict[str, Any], path: Path) -> None:
         for k, (name, result) in enumerate(servers.items()):
             by_key = {key(r): r for r in result["levels"]}
             xs = [j + k * width for j in range(len(workloads))]
-            rates = [by_key[w]["throughput_rps"] if w in by_key else 0 for w in workloads]
-            p50s = [(by_key[w]["latency_ms"]["p50"] or 0) if w in by_key else 0 for w in workloads]
-            row[0].bar(xs, rates, width, label=name, color=f"C{k}")
-            row[1].bar(xs, p50s, width, label=name, color=f"C{k}")
-        ref = entry.get("model_only")
-        if ref:
-            row[0].axhline(
-                ref["batched"]["best_requests_per_s"], color="grey", ls=":", label="bare model, batched"
-            )
-            row[1].axhline(
-                ref["single_request"]["p50_ms"], color="grey", ls=":", label="bare model, one request"
-            )
+            rows = [by_key.get(w, {"throughput_rps": 0, "latency_ms": {"p50": 0}}) for w in workloads]
+            row[0].bar(xs, [r["throughput_rps"] for r in rows], width, label=name, color=f"C{k}")
+            row[1].bar(xs, [r["latency_ms"]["p50"] or 0 for r in rows], width, label=name, color=f"C{k}")
+        if ref := entry.get("model_only"):
+            row[0].axhline(ref["batched"]["best_requests_per_s"], color="grey", ls=":", label="bare, batched")
+            row[1].axhline(ref["single_request"]["p50_ms"], color="grey", ls=":", label="bare, one request")
         for ax, ylabel in zip(row, ("requests/s", "p50 latency, ms (log)"), strict=True):
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(workloads))], workloads)
             ax.set_ylabel(ylabel)

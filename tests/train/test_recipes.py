@@ -1,4 +1,4 @@
-"""finetune.py: a recipe's stages train in order, each from the one before, and all are reported."""
+"""train/recipes.py: a recipe's stages train in order, each from the one before, and all are reported."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def option(cmd: list[str], name: str) -> str:
 
 
 def test_stages_chain_into_the_task(tmp_path):
-    from benchmarks.finetune import BASE, recipes, train_commands
+    from train.recipes import BASE, recipes, train_commands
 
     recipe = recipes(tmp_path)["squad"]
     assert recipe["stages"], "the squad recipe starts with an intermediate stage"
@@ -26,7 +26,7 @@ def test_stages_chain_into_the_task(tmp_path):
 
 
 def test_a_recipe_without_stages_is_one_command(tmp_path):
-    from benchmarks.finetune import BASE, recipes, train_commands
+    from train.recipes import BASE, recipes, train_commands
 
     [(out, cmd)] = train_commands("sst2", recipes(tmp_path)["sst2"], threads=1, precision="fp32")
     assert out.name == "sst2" and option(cmd, "--base") == BASE and option(cmd, "--num-threads") == "1"
@@ -48,7 +48,7 @@ def result(metric_value: float, **commands) -> dict:
 
 
 def test_results_list_every_stage_command(tmp_path):
-    from benchmarks.finetune import merge_results
+    from train.recipes import merge_results
 
     path = tmp_path / "finetune.json"
     merge_results({"sst2": result(90.0, train_commands=["train sst2"])}, path)
@@ -57,3 +57,14 @@ def test_results_list_every_stage_command(tmp_path):
     table = path.with_suffix(".md").read_text()
     assert "- sst2: `train sst2`" in table
     assert "- squad: `train race`, then `train squad`" in table
+
+
+def test_results_hold_no_machine_paths_and_say_what_trained(tmp_path):
+    from train.recipes import REPO, merge_results
+
+    path = tmp_path / "finetune.json"
+    merge_results({"sst2": result(90.0, train_commands=[f"python -m train --out {REPO}/runs/sst2"])}, path, 2)
+    report = json.loads(path.read_text())
+    assert report["tasks"]["sst2"]["train_commands"] == ["python -m train --out runs/sst2"]
+    assert str(REPO) not in path.with_suffix(".md").read_text()
+    assert report["machine"]["threads_used"] == 2 and "torch" in report["machine"]["versions"]

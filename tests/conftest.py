@@ -4,7 +4,9 @@ export test reuses the same files)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,12 @@ from processing.tasks import TASK_NAMES
 from tests.helpers.tiny import make_tiny_checkpoint
 
 TASKS = TASK_NAMES
+
+
+# Where PYTHONDONTWRITEBYTECODE is set (this machine sets it), each of the suite's dozens of server
+# subprocesses would compile the repository's modules again: the suite caches bytecode instead.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 def pytest_configure(config) -> None:

@@ -31,7 +31,7 @@ local-down:
 	$(PY) deploy/local/stack.py down
 
 test: setup
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n auto --dist loadfile tests
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,11 +1,6 @@
 """The batch-invariant INT8 path against ORT's dynamic INT8, side by side in one run
-(`python -m benchmarks.cpu_int8 [--quick]`, on .cache/bundles/sst2-minilm): the bundle's `int8`
-(dynamic, not batch-invariant) and `int8-rowwise` (served), with `fused` fp32 as the reference.
-
-CPU time per run (the headline: other processes' time slices do not inflate it) and wall at (1,128)
-and (32,128), 1 and 2 threads, in alternating blocks; rows alone against inside padded batches of
-1..33 rows; SST-2 accuracy and logits against fp32; ORT's per-operator profile. benchmarks/README.md
-has the details; retired candidates: docs/decisions.md. Writes benchmarks/results/cpu_int8{,_quick}.*.
+(`python -m benchmarks.cpu_int8 [--quick]`, on .cache/bundles/sst2-minilm); what it measures:
+benchmarks/README.md. Writes benchmarks/results/cpu_int8{,_quick}.*.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The embedding default as a user meets it: /embed of the live service against sentence-transformers,
-and STS-B dev scored through the service.
+and STS-B dev scored through the service (benchmarks/README.md).
 
     python -m benchmarks.embed_quality [--bundle .cache/bundles/all-minilm-l6-v2] [--data ../shared/data]
-
-For each CPU variant (fp32, then int8-rowwise, the default) the service alone on the bundle answers
-200 varied sentences (benchmarks/embed_data.py) in requests of 32, compared by cosine with
-`SentenceTransformer(<the same folder>).encode`, then each alone in its request (must be bit-identical),
-and STS-B dev (`glue/STS-B/dev.tsv`): Spearman (Pearson) of the pairs' cosines against the gold scores,
-beside sentence-transformers offline and the published figure. Writes results/embed_quality.{json,md}.
 """
 
 from __future__ import annotations
@@ -81,8 +75,10 @@ def score_variant(url: str, variant: str, sentences: list, reference: np.ndarray
         "variant": variant,
         "sentences": len(sentences),
         "cosine_vs_sentence_transformers": {
-            "min": float(cos.min()), "mean": float(cos.mean()), "worst_sentence": sentences[cos.argmin()][:80]
-        },  # fmt: skip
+            "min": float(cos.min()),
+            "mean": float(cos.mean()),
+            "worst_sentence": sentences[cos.argmin()][:80],
+        },
         "max_abs_diff_vs_sentence_transformers": float(np.abs(batched - reference).max()),
         "alone_vs_in_batch_max_abs_diff": float(np.abs(alone - batched).max()),
         "alone_identical_to_batched": bool(np.array_equal(alone, batched)),

@@ -1,13 +1,9 @@
 """Faults injected into the running deployment under load: kill -9 of a replica, a rolling restart,
-and Prometheus' view of it all (deploy/README.md, "Faults under load").
+and Prometheus' view of it all (deploy/README.md, "Faults under load"); exit 0 only when every check held.
 
     .venv/bin/python -m benchmarks.faults                          # default bundles, 3 replicas, 32 clients
     .venv/bin/python -m benchmarks.faults --tiny --quick --name faults_smoke   # test-size models, short
     .venv/bin/python -m benchmarks.faults --stack compose          # deploy/docker-compose.yml as containers
-
-Three phases under 32 closed-loop clients through nginx: steady (Prometheus must see every replica up
-and count exactly the requests sent), kill -9 of a replica, a rolling restart; every failed request is
-counted. Writes benchmarks/results/<name>.{json,md,png}; exit status 0 only when every check held.
 """
 
 from __future__ import annotations

@@ -2,14 +2,8 @@
 
     python -m benchmarks.gpu --minilm DIR        # DIR: sentence-transformers/all-MiniLM-L6-v2 files
 
-Exports two bundles with fp32 and fp16 variants: MiniLM (the embedding default's weights) and a
-randomly initialised bert-base classifier (latency does not depend on the weights). For each:
-- the CUDA provider: the session's providers and, from ORT's profile, the share of node time on CUDA;
-- fp16 against fp32 on CUDA and fp32 on CPU, 32 real sentences (cosine / logits);
-- IO binding on and off: p50 at (32, 128) and equal outputs;
-- p50 latency at (1, 128) and (32, 128), fp32 and fp16.
-Then our server (`DEVICE=cuda`, both bundles) under closed-loop load beside the bare fp16 model.
-Results: benchmarks/results/gpu.{json,md}.
+MiniLM (the embedding default's weights) and a random bert-base classifier, fp32 and fp16, bare and
+behind our server (`DEVICE=cuda`); what each row means: benchmarks/README.md. Writes results/gpu.*.
 """
 
 from __future__ import annotations

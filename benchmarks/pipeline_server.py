@@ -1,16 +1,9 @@
-"""The floors: what a user would write instead of our service, FastAPI over `transformers` or ORT.
+"""The floors: what a user would write instead of our service, FastAPI over `transformers` or ORT
+(benchmarks/README.md): plain sync endpoints, no batching across requests, our request and response
+shapes; /qa is `HFQuestionAnswering` (transformers 5 removed the QA pipeline).
 
     python -m benchmarks.pipeline_server --classify runs/sst2/best --qa runs/squad/best --port 8001
     python -m benchmarks.pipeline_server --ort --classify .cache/bundles/sst2-minilm --port 8002
-
-One process, plain sync `def` endpoints (FastAPI's thread pool), default settings, no batching
-across requests, our request and response shapes (fields a pipeline cannot know cheaply are null).
-The `transformers` baseline loads the checkpoint directories our bundles are exported from:
-/classify is `pipeline("text-classification")` cut at `--bundle`'s max_seq_len; /qa is
-`HFQuestionAnswering` (transformers 5 removed the QA pipeline): fast-tokenizer windows with
-offsets as the bundle cuts them, one forward pass per request, n-best start/end per window, best
-span. `--ort` is the same on a bundle variant's ONNX file (default: the one our server picks, with
-its `disabled_optimizers`) in one shared InferenceSession: only the forward pass differs.
 """
 
 from __future__ import annotations

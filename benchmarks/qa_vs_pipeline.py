@@ -1,15 +1,8 @@
-"""Our QA (processing.qa over ORT) vs the `transformers` QA baseline on the same model.
+"""Our QA (processing.qa over ORT) vs the `transformers` QA baseline on the same model; what it measures:
+benchmarks/README.md. Skips (exit 0) without the SQuAD file.
 
     .venv/bin/python -m benchmarks.qa_vs_pipeline            # held-out SQuAD articles, 1k/10k/50k contexts
     .venv/bin/python -m benchmarks.qa_vs_pipeline --quick    # smoke run (30 questions, 1 latency question)
-
-Every question of the held-out SQuAD articles (`--articles trainer:0.15:42`: the split the QA default's
-recipe held out) through both: how often they agree (span, normalised text, token F1 between them) and
-EM/F1 against the gold answers; then latency on contexts of about 1k, 10k and 50k characters (other
-paragraphs around the question's own), with a linear fit and a log-log exponent (1: linear growth).
-Ours runs in-process (`--variants`: fused fp32 isolates pre/post-processing, int8 is what the service
-serves); the baseline is benchmarks/pipeline_server.make_qa_baseline on the bundle's checkpoint.
-Skips (exit 0) without the SQuAD file. Writes benchmarks/results/qa_vs_pipeline{,_quick}.*.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Sentence ranking on held-out SQuAD articles: the reranker default against a bi-encoder and BM25.
+"""Sentence ranking on held-out SQuAD articles: the reranker default (`/rerank`) against a bi-encoder
+(`/similarity`) and BM25 (Okapi, k1 1.2, b 0.75, Lucene's idf), on the same questions.
 
     python -m benchmarks.rerank_quality [--url URL] [--bundles .cache/bundles]
-
-Every question of the reranker recipe's held-out articles (the 5 the QA default holds out) ranks the
-sentences of its paragraph (train/squad_sentences.py: the one holding the answer is relevant), by three
-methods on exactly the same questions: the reranker on `POST /rerank`, the bi-encoder on
-`POST /similarity`, and BM25 (Okapi, k1 1.2, b 0.75, Lucene's idf; lower-cased word
-tokens, statistics over the held-out sentences). Results: benchmarks/results/rerank_quality.{json,md}.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""The service benchmark: our server against its bare model and against the servers users pick instead.
+"""The service benchmark: our server against its bare model and against the servers users pick instead
+(how to read it: benchmarks/README.md; targets and tables: service_report.py).
 
     python -m benchmarks.service_bench                     # in-repo servers, c=1,8,32,64, 20 s per level
     python -m benchmarks.service_bench --quick             # smoke run: c=1,8, 2 s per level
     python -m benchmarks.service_bench --endpoints embed,classify --servers all --rounds 2 --duration 5 \
         --concurrency 1,32 --name peers                    # every peer, each in its own environment
-
-A server is a server (SERVERS): ours, its variants and `--ablation`s, the floors in this environment
-and the real peers in theirs (peer_envs.py). One at a time, in an order that rotates each round:
-fixed probes (compared with ours), then closed-loop load from loadgen.py at each workload in its
-protocol, with its CPU per request; then our bare model on the same payloads (model_only.py).
-Targets and tables: service_report.py. How to read it: benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Soak test: the real server at half its saturating rate for a long time, watching memory and errors.
+Passes (exit 0) when no request failed or was dropped, RSS grew less than --max-growth-pct after the
+warm-up, and the server shut down cleanly.
 
     .venv/bin/python -m benchmarks.soak --models-dir models                  # 30 minutes
     .venv/bin/python -m benchmarks.soak --tiny --duration 60 --name soak_quick  # 1-minute smoke run
-
-Finds the server's saturating rate (a short closed-loop run of loadgen's mix), then sends that mix
-open loop at --fraction of it for --duration seconds, sampling the server's RSS. Passes (exit 0) when
-no request failed or was dropped, RSS grew less than --max-growth-pct after the warm-up, and the
-server shut down cleanly. Writes benchmarks/results/<name>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -182,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         "load": load,  # loadgen's report; its config masks the API key
         "samples": samples,
     }
-    print(f"{load['requests']} requests, {load['errors']} errors, {load['dropped']} dropped; RSS "
-          f"{rss['baseline_mb']} -> {rss['final_mb']} MB ({rss['growth_pct']:+}%)")
+    print(
+        f"{load['requests']} requests, {load['errors']} errors, {load['dropped']} dropped; RSS "
+        f"{rss['baseline_mb']} -> {rss['final_mb']} MB ({rss['growth_pct']:+}%)"
+    )
     return rel.finish(args.out, args.name, report, markdown(report), lambda path: plot(report, path))
 
 

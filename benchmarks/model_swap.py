@@ -172,19 +172,9 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    fig, (top, bottom) = common.pyplot().subplots(2, 1, figsize=(10, 6), sharex=True)
-    bins = report["timeline"]
-    ts, base = [b["t_s"] for b in bins], [0.0] * len(bins)
-    for version in report["served_versions"]:
-        rates = [b.get("answers_per_s", {}).get(version, 0.0) for b in bins]
-        top.bar(ts, rates, width=0.5, bottom=base, align="edge", label=f"version {version}")
-        base = [a + b for a, b in zip(base, rates, strict=True)]
-    for e in report["events"]:
-        top.axvline(e["offered_at_s"], color="red" if e["corrupted"] else "black", linestyle="--", lw=0.8)
-    top.set(ylabel="answers/s by X-Model-Version", title=f"{report['clients']} clients on /classify; "
-            "dashed: version offered (red: corrupted, refused)")  # fmt: skip
-    top.legend(loc="lower right", fontsize=8)
-    rel.plot_timeline(bottom, bins, report["events"], "latency per half second")
+    fig, ax = common.pyplot().subplots(figsize=(10, 3.6))
+    title = f"{report['clients']} clients on /classify: latency per half second"
+    rel.plot_timeline(ax, report["timeline"], report["events"], title)
     rel.save(fig, path)
 
 

@@ -216,24 +216,18 @@ def markdown(report: dict[str, Any]) -> str:
 
 def plot(report: dict[str, Any], path: Path) -> None:
     plt = common.pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    names, x = list(report["scores"]), range(len(report["scores"]))
-    for shift, metric, label in ((-0.2, "exact_match", "EM"), (0.2, "f1", "F1")):
-        left.bar([i + shift for i in x], [report["scores"][n][metric] for n in names], 0.4, label=label)
-    left.set(xticks=list(x), xticklabels=names, ylabel="SQuAD score (%)",
-             title=f"{report['questions']} held-out questions")  # fmt: skip
-    left.legend()
+    fig, ax = plt.subplots(figsize=(7, 4.8))
     for name, fit in report["latency"]["fits"].items():
         rows = [r for r in report["latency"]["rows"] if r["reader"] == name]
-        dots = right.plot([r["chars"] for r in rows], [r["ms"] for r in rows], "o", alpha=0.5, label=name)[0]
+        dots = ax.plot([r["chars"] for r in rows], [r["ms"] for r in rows], "o", alpha=0.5, label=name)[0]
         if fit["ms_per_1k_chars"] is not None:
             xs = sorted({r["chars"] for r in rows})
             dots.set_label(f"{name}: {fit['ms_per_1k_chars']} ms/1k chars, exponent {fit['loglog_exponent']}")
             line = [fit["intercept_ms"] + fit["ms_per_1k_chars"] * c / 1e3 for c in xs]
-            right.plot(xs, line, "-", color=dots.get_color())
-    right.set(xscale="log", yscale="log", xlabel="context length, characters", ylabel="latency, ms",
+            ax.plot(xs, line, "-", color=dots.get_color())
+    ax.set(xscale="log", yscale="log", xlabel="context length, characters", ylabel="latency, ms",
               title="latency vs context length (line = linear fit)")  # fmt: skip
-    right.legend(fontsize=8)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

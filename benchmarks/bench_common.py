@@ -269,6 +269,12 @@ def pyplot():
     return plt
 
 
+def save_figure(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
 def cpu_label(machine: dict[str, Any]) -> str:
     """The CPU's name, with its vector extensions where the results recorded them."""
     isa = machine.get("isa")

@@ -217,11 +217,10 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    plt = common.pyplot()
     rows = report["ratios"]
     names = list(dict.fromkeys(r["candidate"] for r in rows))
     groups = [(t, s) for t in THREADS for s in SHAPES]
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = common.pyplot().subplots(figsize=(9, 4))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         v = {(r["threads"], tuple(r["shape"])): r["cpu_ratio"] for r in rows if r["candidate"] == name}
@@ -230,9 +229,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], [f"{t}t {s}" for t, s in groups])
     ax.set(ylabel="CPU time / dynamic INT8", title=common.cpu_label(report["machine"]))
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,7 +175,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, ax = common.pyplot().subplots(figsize=(10, 3.6))
     title = f"{report['clients']} clients on /classify: latency per half second"
     rel.plot_timeline(ax, report["timeline"], report["events"], title)
-    rel.save(fig, path)
+    common.save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

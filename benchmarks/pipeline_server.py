@@ -146,11 +146,6 @@ class HFQuestionAnswering:
         return output.start_logits.float().numpy(), output.end_logits.float().numpy()
 
 
-def make_qa_baseline(directory: str | Path, settings: QASettings | None = None) -> HFQuestionAnswering:
-    """transformers 5 has no QA pipeline: the recipe above is what it did."""
-    return HFQuestionAnswering(directory, settings)
-
-
 def classify_response(request: ClassifyIn, ranked: list[list[tuple[str, float]]]) -> dict[str, Any]:
     """Our /classify response from each item's (label, score) pairs, best first."""
     results = []
@@ -213,7 +208,7 @@ def create_app(
 
     transformers = _quiet_transformers()
     pipe = transformers.pipeline("text-classification", model=str(classify), device=-1) if classify else None
-    reader = make_qa_baseline(qa, qa_settings) if qa else None
+    reader = HFQuestionAnswering(qa, qa_settings) if qa else None
     max_length = classify_max_length or (pipe.tokenizer.model_max_length if pipe else None)
 
     def classifier(items: list[PairIn]) -> list[list[tuple[str, float]]]:

@@ -90,7 +90,7 @@ def build_long_context(paragraph: str, fillers: list[str], target: int, rng: ran
 def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tuple[dict[str, Reader], str]:
     """name -> reader (ours in-process per variant, then transformers), and the baseline's kind."""
     from benchmarks.model_only import BundleModel
-    from benchmarks.pipeline_server import make_qa_baseline, qa_settings_from_bundle
+    from benchmarks.pipeline_server import HFQuestionAnswering, qa_settings_from_bundle
 
     readers: dict[str, Reader] = {}
     for variant in args.variants:
@@ -102,7 +102,7 @@ def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tu
             return {"text": best.text, "start": best.start, "end": best.end} if best else NO_ANSWER
 
         readers[f"ours-{variant}"] = ours
-    baseline = make_qa_baseline(checkpoint, qa_settings_from_bundle(bundle))
+    baseline = HFQuestionAnswering(checkpoint, qa_settings_from_bundle(bundle))
     if args.threads:
         import torch
 
@@ -215,8 +215,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.8))
+    fig, ax = common.pyplot().subplots(figsize=(7, 4.8))
     for name, fit in report["latency"]["fits"].items():
         rows = [r for r in report["latency"]["rows"] if r["reader"] == name]
         dots = ax.plot([r["chars"] for r in rows], [r["ms"] for r in rows], "o", alpha=0.5, label=name)[0]
@@ -228,9 +227,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set(xscale="log", yscale="log", xlabel="context length, characters", ylabel="latency, ms",
               title="latency vs context length (line = linear fit)")  # fmt: skip
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

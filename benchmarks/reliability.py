@@ -89,12 +89,6 @@ def plot_timeline(ax: Any, bins: list[dict[str, Any]], events: list[dict[str, An
     ax.legend(loc="lower right", fontsize=7)
 
 
-def save(fig: Any, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    common.pyplot().close(fig)
-
-
 def command(module: str, argv: list[str] | None) -> str:
     return " ".join([f"python -m benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)])
 

@@ -207,9 +207,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 def plot(report: dict[str, Any], path: Path) -> None:
     """Per endpoint: throughput and p50 of every server at each workload, the bare model's lines."""
-    plt = common.pyplot()
     names = list(report["endpoints"])
-    fig, axes = plt.subplots(len(names), 2, figsize=(12, 4.2 * len(names)), squeeze=False)
+    fig, axes = common.pyplot().subplots(len(names), 2, figsize=(12, 4.2 * len(names)), squeeze=False)
     for row, endpoint in zip(axes, names, strict=True):
         entry = report["endpoints"][endpoint]
         servers = {n: r for n, r in entry["servers"].items() if "levels" in r}
@@ -231,6 +230,4 @@ def plot(report: dict[str, Any], path: Path) -> None:
             ax.legend(fontsize=7, ncol=2)
         row[1].set_yscale("log")
     fig.suptitle(f"Service vs bare model and peers: {common.cpu_label(report['machine'])}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)

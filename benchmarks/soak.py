@@ -93,7 +93,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.axvline(report["warmup_s"], linestyle="--", color="grey", label="end of warm-up")
     ax.set(xlabel="time (s)", ylabel="server RSS (MB)", title=f"Soak at {report['rate_rps']} req/s")
     ax.legend()
-    rel.save(fig, path)
+    common.save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

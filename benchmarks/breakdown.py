@@ -1,14 +1,8 @@
-"""Where one request's time goes: per stage, at concurrency 1 and 32, for /classify, /embed and /qa.
+"""Where one request's time goes: per stage, at concurrency 1 and 32, for /classify, /embed and /qa
+(method: docs/performance.md, section 1). py-spy needs ptrace (root, or CAP_SYS_PTRACE).
 
     .venv/bin/python -m benchmarks.breakdown                      # ~6 min, all three endpoints
     .venv/bin/python -m benchmarks.breakdown --endpoints classify --duration 5
-
-Two sources, side by side: the service's own stage histograms (`bert_stage_seconds`) and request
-latency from /metrics around each load, and py-spy sampling every thread of the server (idle ones
-too) under loadgen.py's load, each sample put in the stage its innermost frame's rule names; a
-stage's ms per request is its share of a thread's samples times the wall time over the requests.
-"event loop" is the main thread; "other threads" the inference workers and the to_thread pool.
-py-spy needs ptrace (root, or CAP_SYS_PTRACE). Writes benchmarks/results/breakdown.{json,md}.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""A lean HTTP/1.1 keep-alive client over asyncio streams, for load the client must not limit.
-
-On a small machine the load generator shares the CPU with the server it measures, so the
-client's CPU per request is taken from the server. Measured (docs/decisions.md, http_clients):
-httpx spends 0.5-1.9 ms of CPU per request, aiohttp 0.08-0.10 ms, this client 0.02-0.03 ms. Here a
-request is pre-encoded bytes and a response is parsed just enough for its status, headers and
-body (Content-Length or chunked), as wrk does. Used by benchmarks/loadgen.py and the
-reliability tests.
+"""A lean HTTP/1.1 keep-alive client over asyncio streams, for load the client must not limit: on a
+small machine the client's CPU is taken from the server it measures (docs/decisions.md, http_clients:
+httpx 0.5-1.9 ms of CPU per request, aiohttp 0.08-0.10 ms, this 0.02-0.03 ms). Requests are
+pre-encoded bytes; responses are parsed just enough for status, headers and body, as wrk does.
 """
 
 from __future__ import annotations

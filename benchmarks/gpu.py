@@ -3,7 +3,7 @@
     python -m benchmarks.gpu --minilm DIR        # DIR: sentence-transformers/all-MiniLM-L6-v2 files
 
 MiniLM (the embedding default's weights) and a random bert-base classifier, fp32 and fp16, bare and
-behind our server (`DEVICE=cuda`); what each row means: benchmarks/README.md. Writes results/gpu.*.
+behind our server (`DEVICE=cuda`); what each row means: benchmarks/README.md. Writes results/gpu.json.
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ from processing.padding import pad_batch
 from processing.tokenizer import TextTokenizer
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-LOADS = [(e, c) for e in ("embed", "classify-25w") for c in (1, 32, 128)] + [
-    ("embed-32", 4),
-    ("embed-32", 16),
-]
+LOADS = [(e, c) for e in ("embed", "classify-25w") for c in (1, 32, 128)]
+LOADS += [("embed-32", 4), ("embed-32", 16)]
 
 
 def bert_base_checkpoint(tokenizer_dir: Path, out: Path) -> Path:
@@ -110,10 +108,7 @@ def check_model(bundle: Path, seconds: float) -> dict[str, Any]:
             row["argmax_agree"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
         checks[f"{variant} cuda vs fp32 cpu"] = row
     report["fp16"] = {"output": name, **checks}
-    shapes = {
-        "(1,128)": batch(tokenizer, SENTENCES[:1], 128),
-        "(32,128)": batch(tokenizer, (SENTENCES * 4)[:32], 128),
-    }
+    shapes = {f"({n},128)": batch(tokenizer, (SENTENCES * 4)[:n], 128) for n in (1, 32)}
     report["latency_p50_ms"] = {
         f"{v} {s}": p50_ms(rt.run, x, seconds) for v, rt in cuda.items() for s, x in shapes.items()
     }
@@ -207,12 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, source in (("minilm", args.minilm), ("bert-base", checkpoint))
     }
     smi = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
-    results: dict[str, Any] = {
-        "gpu": subprocess.run(smi, capture_output=True, text=True).stdout.strip()
-        if shutil.which(smi[0])
-        else None,
-        "machine": common.machine_info(),
-    }
+    gpu = shutil.which(smi[0]) and subprocess.run(smi, capture_output=True, text=True).stdout.strip()
+    results: dict[str, Any] = {"gpu": gpu, "machine": common.machine_info()}
     out = args.out / "gpu.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     for name, path in bundles.items():

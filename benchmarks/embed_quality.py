@@ -34,9 +34,7 @@ def embed_all(url: str, texts: list[str], batch: int = BATCH, concurrency: int =
     with httpx.Client(base_url=url, timeout=300) as client, ThreadPoolExecutor(concurrency) as pool:
 
         def one(chunk: list[str]) -> list[list[float]]:
-            response = client.post("/embed", json={"inputs": chunk})
-            response.raise_for_status()
-            return response.json()
+            return client.post("/embed", json={"inputs": chunk}).raise_for_status().json()
 
         chunks = pool.map(one, [texts[i : i + batch] for i in range(0, len(texts), batch)])
         return np.asarray([v for chunk in chunks for v in chunk], dtype=np.float32)

@@ -61,19 +61,16 @@ def held_out_questions(recipe_data: list[str]) -> list[RankingQuestion]:
 
 
 def rerank_scores(client: httpx.Client, model: str, q: RankingQuestion) -> list[float]:
-    r = client.post("/rerank", json={"query": q.question, "texts": q.sentences, "model": model})
-    r.raise_for_status()
+    body = {"query": q.question, "texts": q.sentences, "model": model}
     scores = [0.0] * len(q.sentences)
-    for item in r.json():
+    for item in client.post("/rerank", json=body).raise_for_status().json():
         scores[item["index"]] = item["score"]
     return scores
 
 
 def similarity_scores(client: httpx.Client, model: str, q: RankingQuestion) -> list[float]:
     body = {"inputs": {"source_sentence": q.question, "sentences": q.sentences}, "model": model}
-    r = client.post("/similarity", json=body)
-    r.raise_for_status()
-    return r.json()
+    return client.post("/similarity", json=body).raise_for_status().json()
 
 
 def live_scores(url: str, args, questions: list[RankingQuestion]) -> dict[str, list[list[float]]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -235,6 +236,12 @@ def power_law_exponent(x: Sequence[float], y: Sequence[float]) -> float:
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def command(module: str, argv: Sequence[str] | None = None) -> str:
+    """The command that made a result: `python -m benchmarks.<module>` and its arguments."""
+    args = sys.argv[1:] if argv is None else argv
+    return repo_relative(shlex.join(["python", "-m", f"benchmarks.{module}", *args]))
 
 
 def repo_relative(text: str) -> str:

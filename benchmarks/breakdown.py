@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     report: dict[str, Any] = {
         "created_at": common.now(),
-        "command": "python -m benchmarks.breakdown " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": common.command("breakdown", argv),
         "machine": common.machine_info(),
         "duration_s": args.duration,
         "rate": RATE,

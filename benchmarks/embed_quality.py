@@ -17,7 +17,7 @@ import numpy as np
 
 from benchmarks import bench_common as common
 from benchmarks.embed_data import STSB_DEV, read_sts, varied_sentences
-from benchmarks.live_quality import command, parser
+from benchmarks.live_quality import parser
 
 STEM = "embed_quality"
 # Published: MTEB's STSBenchmark result for sentence-transformers/all-MiniLM-L6-v2 (test split;
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         with running:
             rows.append(score_variant(url, variant, sentences, reference, pairs, sts))
     report = {
-        "command": command(STEM),
+        "command": common.command(STEM),
         "bundle": common.repo_relative(str(args.bundle)),
         "pooling": manifest.pooling,
         "max_seq_len": manifest.max_seq_len,

@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         stack = "host processes (`deploy/local/stack.py`)"
         models = ", ".join(sorted(p.parent.name for p in models_dir.glob("*/bundle.json")))
     report = {
-        "command": rel.command("faults", argv),
+        "command": common.command("faults", argv),
         "date": common.now(),
         "stack": stack,
         "models": "tiny test bundles" if args.tiny else models,

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,10 +49,6 @@ def served_variants(url: str) -> dict[str, str]:
 def validation(recipe: dict) -> str:
     """A recipe's data options as results record them."""
     return common.repo_relative(" ".join(recipe["data"]))
-
-
-def command(name: str) -> str:
-    return common.repo_relative(shlex.join(["python", "-m", f"benchmarks.{name}", *sys.argv[1:]]))
 
 
 def main() -> None:

@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     run, final = result["run"], result["final_model"]
     verdict = judge(run.samples, result["served_versions"], run.events)
     report = {
-        "command": rel.command("model_swap", argv),
+        "command": common.command("model_swap", argv),
         "date": common.now(),
         "machine": machine,
         "bundle": str(args.bundle),  # repo-relative in the results (write_results)

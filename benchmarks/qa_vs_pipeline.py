@@ -280,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     scores = {n: squad_scores({q: a["text"] for q, a in p.items()}, gold) for n, p in predictions.items()}
     print(f"scores {scores}", flush=True)
     theirs = predictions["transformers"]
-    command = " ".join(["python -m benchmarks.qa_vs_pipeline", *(sys.argv[1:] if argv is None else argv)])
-    settings = {"command": command, "quick": args.quick, "data": str(args.data), "articles": described,
-                "bundle": str(bundle), "checkpoint": str(checkpoint), "checkpoint_source": how}  # fmt: skip
+    settings = {"command": common.command("qa_vs_pipeline", argv), "quick": args.quick,
+                "data": str(args.data), "articles": described, "bundle": str(bundle),
+                "checkpoint": str(checkpoint), "checkpoint_source": how}  # fmt: skip
     settings |= {k: getattr(args, k) for k in ("variants", "sizes", "repeats")}
     settings |= {"baseline": baseline_kind, "threads": args.threads, "seed": args.seed}
     report = {

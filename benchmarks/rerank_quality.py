@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import bench_common as common
-from benchmarks.live_quality import command, parser, served_variants, service, validation
+from benchmarks.live_quality import parser, served_variants, service, validation
 from processing.metrics import ranking_scores
 from train.readers import read_squad
 from train.recipes import recipes
@@ -127,7 +127,7 @@ def main() -> None:
     versus = {b: paired(scores["reranker"], scores[b], relevant) for b in ("bm25", "bi-encoder")}
     articles = sorted({q.group for q in questions})
     report = {
-        "command": command("rerank_quality"),
+        "command": common.command("rerank_quality"),
         "machine": common.machine_info(),
         "route": "rerank",
         "models": {"reranker": args.reranker, "bi-encoder": args.embedder},

@@ -216,11 +216,7 @@ def model_only(bundle: Path, endpoint: str, args, served: dict[str, int]) -> dic
     """ORT alone on the same payloads. One request: the server's session (its threads). Batched:
     the best over batch sizes and layouts (one session with every core; one single-threaded
     session per core side by side; the server's own)."""
-    from benchmarks.model_only import (
-        BundleModel,
-        batched_reference,
-        single_request_reference,
-    )
+    from benchmarks.model_only import BundleModel, batched_reference, single_request_reference
 
     rng = random.Random(0)  # the same payload pool the load generator draws from
     payloads = [make_payload(endpoint, rng) for _ in range(loadgen.POOL_SIZE)]
@@ -351,8 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "created_at": common.now(),
         "machine": common.machine_info(),
         "settings": {
-            "command": "python -m benchmarks.service_bench "
-            + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": common.command("service_bench", argv),
             **{k: getattr(args, k) for k in ("concurrency", "duration", "warmup", "model_seconds", "rounds")},
             "variant": VARIANT,
             "ablations": args.ablations,

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup if args.warmup is not None else round(0.1 * args.duration, 1)
     rss = rss_growth(samples, warmup)
     report = {
-        "command": rel.command("soak", argv),
+        "command": common.command("soak", argv),
         "date": common.now(),
         "machine": machine,
         "models_dir": str(models_dir),  # repo-relative in the results (write_results)

@@ -111,13 +111,8 @@ def require_bundle(path: Path, task: str) -> Path:
 
 
 def resolve_checkpoint(bundle: Path, requested: str | None, task: str, work: Path = WORK) -> tuple[Path, str]:
-    """The checkpoint directory the `transformers` baseline loads, and how it was found.
-
-    `requested` may be a directory or None/'auto'. Auto prefers exactly the weights the bundle
-    was exported from: the manifest's source checkpoint if it still exists, else (for bundles made
-    by `export.defaults`, whose source was a temporary directory) the same checkpoint rebuilt from
-    `defaults/<name>`, else runs/<run>/best (which the compact defaults only approximate).
-    """
+    """The checkpoint directory the `transformers` baseline loads (`requested`, or for None/'auto' the
+    bundle's exact weights where they can be found: benchmarks/README.md, "Models"), and how it was found."""
     if requested not in (None, "", "auto"):
         path = Path(requested)
         if not (path / "config.json").is_file():

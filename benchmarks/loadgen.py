@@ -1,15 +1,13 @@
 """Load generator for the BERT service: open-loop (constant arrival rate) or closed-loop.
 
-Open loop (`--rate R`): request i is due at start + i/R whatever the server does, and its latency
-is measured from that due time, so a slow server cannot hide its queueing (no coordinated
-omission); a due request finding `--concurrency` in flight is dropped and counted, as k6's
-constant-arrival-rate executor does. Closed loop (`--concurrency N`, no `--rate`): N workers each
-send the next request as soon as the previous one returns.
+Open loop (`--rate R`): request i is due at start + i/R and its latency counts from then (no
+coordinated omission); a due request finding `--concurrency` in flight is dropped and counted, as
+k6's constant-arrival-rate does. Closed loop (`--concurrency N`, no `--rate`): N workers back to back.
 
     python -m benchmarks.loadgen --rate 50 --duration 30 --out results/load.json
     python -m benchmarks.loadgen --concurrency 8 --max-requests 2000 --endpoints classify=3,qa=1
 
-Only loopback targets are allowed unless --allow-remote is given. httpx is imported lazily.
+Only loopback targets are allowed unless --allow-remote is given.
 """
 
 from __future__ import annotations
@@ -266,12 +264,8 @@ async def run_load(
     stop: asyncio.Event | None = None,
     samples: list[Sample] | None = None,
 ) -> dict[str, Any]:
-    """Run one load test and return the report; `transport` lets tests run it in-process (httpx).
-
-    `stop` ends the run early when set (the duration and request bounds still hold); `samples`, when
-    given, receives every request's Sample as its response arrives (e.g. to plot latency over time).
-    A send returns (status as text, or "timeout" / "connection_error"; the body).
-    """
+    """One load test's report; `transport` runs it in-process (httpx, the tests), `stop` ends it early,
+    `samples` receives every request's Sample as its response arrives (to plot latency over time)."""
     config.validate()
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     if transport is None and config.client == "raw":  # benchmarks/rawhttp.py: keep-alive, lean

@@ -1,8 +1,5 @@
-"""Our model without the service: a bundle's ONNX session fed by processing/, in-process.
-
-The references the service is judged against (single-request time and batched throughput on the
-same payloads) and an in-process QA reader: the service's steps without HTTP, queueing or
-cross-request batching, on sessions with the server's options (app.backend.runtime.create_runtime).
+"""Our model without the service: a bundle's ONNX session fed by processing/, in-process, on the
+server's session options: the single-request and batched references the service is judged against.
 """
 
 from __future__ import annotations
@@ -152,11 +149,8 @@ def single_request_reference(
 def batched_reference(
     model: BundleModel, payloads: list[dict[str, Any]], seconds: float, sizes: Sequence[int] = (1, 8, 32)
 ) -> dict[str, Any]:
-    """Every sequence of the payload pool, sorted by length and packed into full batches of each size.
-
-    `requests_per_s` is at the service's MAX_BATCH_SIZE (the target's reference); `best` is the
-    fastest size, which shows whether bigger batches pay at all on this CPU.
-    """
+    """Every sequence of the payload pool, sorted by length, in full batches of each size: `requests_per_s`
+    at the service's MAX_BATCH_SIZE (the target's reference), `best` the fastest size."""
     encodings = sorted((e for p in payloads for e in model.encodings(p)), key=len)
     by_size: dict[int, dict[str, Any]] = {}
     for size in sizes:

@@ -67,23 +67,17 @@ async def read_response(reader: asyncio.StreamReader) -> RawResponse:
 
 @dataclass
 class ConnectionPool:
-    """Keep-alive connections to one host; a request takes an idle one or opens a new one.
-
-    A connection that failed, timed out or was closed by the server is dropped, so a late
-    response is never read as the next request's.
-    """
+    """Keep-alive connections to one host. A connection that failed, timed out or was closed by the
+    server is dropped, so a late response is never read as the next request's."""
 
     host: str
     port: int
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
 
     async def request(self, raw: bytes, timeout_s: float = 30.0) -> RawResponse:
-        """Send pre-encoded bytes. Raises TimeoutError, or HTTPError for a broken exchange.
-
-        An idle connection the server has closed (its keep-alive timeout) is dropped, and a reused
-        one that closes before answering a single byte is retried once on a new connection, as
-        httpx and browsers do: the server closed it idle, so it never saw the request.
-        """
+        """Send pre-encoded bytes; TimeoutError, or HTTPError for a broken exchange. A reused connection
+        that closes before answering a byte (the server closed it idle, so it never saw the request) is
+        retried once on a new one, as httpx and browsers do."""
         while self.idle:
             reader, writer = self.idle.pop()
             if reader.at_eof() or writer.is_closing():

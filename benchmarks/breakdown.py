@@ -153,9 +153,8 @@ def run_endpoint(endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
     command, env = our_server([bundle], port, args.work_dir / "models-dir" / f"breakdown-{endpoint}", {})
     print(f"/{endpoint}: {' '.join(command)}", flush=True)
     with common.server(command, env, args.work_dir / "logs" / f"breakdown-{endpoint}.log", url, 300.0) as pid:
-        (model,) = [
-            m for m in httpx.get(f"{url}/models", timeout=10).json()["models"] if m["status"] == "ready"
-        ]
+        models = httpx.get(f"{url}/models", timeout=10).json()["models"]
+        (model,) = [m for m in models if m["status"] == "ready"]
         around = functools.partial(profiled, url, pid, args)
         levels = load_levels(url, pid, [(endpoint, c) for c in args.concurrency], "ours", args, around)
     for row in levels:

@@ -387,16 +387,14 @@ def main(argv: list[str] | None = None) -> int:
     sweep = [int(x) for x in args.sweep.split(",") if x.strip()] if args.sweep else []
     reports = closed_loop_sweep(config, sweep) if sweep else [run(config)]
     for report in reports:
-        lat = report["latency_ms"]
-        cfg = report["config"]
+        lat, cfg = report["latency_ms"], report["config"]
         print(
             f"{cfg['mode']}-loop c={cfg['concurrency']}: {report['requests']} requests, {report['ok']} ok, "
             f"{report['errors']} errors, {report['dropped']} dropped, "
             f"{report['throughput_rps']} req/s, p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} ms"
         )
         for name, ep in report["endpoints"].items():
-            lat = ep["latency_ms"]
-            errors = ep["errors_by_status"] or 0
+            lat, errors = ep["latency_ms"], ep["errors_by_status"] or 0
             print(
                 f"  {name:16} {ep['requests']:6} req  p50 {lat['p50']} p99 {lat['p99']} ms  errors {errors}"
             )
@@ -404,9 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             print("  schema errors, e.g.:", *report["schema_error_examples"], sep="\n    ")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(
-            json.dumps({"runs": reports} if sweep else reports[0], indent=2) + "\n", encoding="utf-8"
-        )
+        written = {"runs": reports} if sweep else reports[0]
+        args.out.write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
     return 0 if all(r["errors"] == 0 and r["dropped"] == 0 for r in reports) else 1
 
 

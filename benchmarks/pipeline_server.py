@@ -224,9 +224,7 @@ def create_app(
         "torch_threads": torch.get_num_threads(),
         "transformers": transformers.__version__,
     }
-    return build_app(
-        "transformers pipeline baseline", info, classifier if pipe is not None else None, reader, "checkpoint"
-    )
+    return build_app("transformers pipeline baseline", info, classify and classifier, reader, "checkpoint")
 
 
 class OrtModel:
@@ -291,8 +289,7 @@ def create_ort_app(
         "variant": (model or reader.model).variant,  # type: ignore[union-attr]
         "intra_op_threads": threads,
     }
-    classify_fn = classifier if model is not None else None
-    return build_app("plain ONNX Runtime server", info, classify_fn, reader, "bundle")
+    return build_app("plain ONNX Runtime server", info, classify and classifier, reader, "bundle")
 
 
 def serve(app: FastAPI, what: str, port: int) -> int:

@@ -306,9 +306,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"ours-{name}": dict(item.split("=", 1) for item in settings.split(","))
             for name, _, settings in (a.partition(":") for a in args.ablation)
         }
-        args.concurrency = [
-            int(c) for c in (args.concurrency or ("1,8" if args.quick else "1,8,32,64")).split(",")
-        ]
+        levels = args.concurrency or ("1,8" if args.quick else "1,8,32,64")
+        args.concurrency = [int(c) for c in levels.split(",")]
         args.workloads = [
             (w, int(c))
             for w, _, c in (item.rpartition(":") for item in (args.workloads or "").split(",") if item)

@@ -390,12 +390,14 @@ def serve_ours(
     log_path: Path,
     ready_timeout: float = 300,
     outcome: dict[str, Any] | None = None,
+    workers: int = 1,
     **env: str,
 ) -> tuple[str, Any]:
-    """Our service (`uvicorn app.main:app`) on MODELS_DIR=models_dir and a free loopback port, with
-    other settings as environment variables: (its URL, the `server` context that runs it)."""
+    """Our service (`uvicorn app.main:app`, `workers` processes) on MODELS_DIR=models_dir and a free loopback
+    port, with other settings as environment variables: (its URL, the `server` context that runs it)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--workers", str(workers)] if workers > 1 else []
     env = {"MODELS_DIR": str(models_dir), "LOG_LEVEL": "WARNING", **env}
     return url, server(command, env, log_path, url, ready_timeout, outcome)

@@ -13,7 +13,6 @@ import json
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -151,13 +150,9 @@ def service(bundles: dict[str, Path], work: Path, seconds: float) -> dict[str, A
         (models_dir / name).symlink_to(path.resolve(), target_is_directory=True)
     rows: dict[str, Any] = {}
     for workers in (1, 4):
-        port = common.free_port()
-        url = f"http://127.0.0.1:{port}"
-        command = (
-            f"{sys.executable} -m uvicorn app.main:app --host 127.0.0.1 --port {port} --workers {workers}"
-        )
-        env = {"MODELS_DIR": str(models_dir), "DEVICE": "cuda", "LOG_LEVEL": "WARNING"}
-        with common.server(command.split(), env, work / f"server-{workers}.log", url, 300):
+        log = work / f"server-{workers}.log"
+        url, running = common.serve_ours(models_dir, log, workers=workers, DEVICE="cuda")
+        with running:
             time.sleep(2 * (workers - 1))  # the other workers finish loading
             if workers == 1:
                 rows["c=1 stages, ms"] = {

@@ -40,9 +40,8 @@ def select_articles(examples: list, spec: str) -> tuple[list, str]:
     else:
         raise SystemExit(f"--articles: {spec!r} is neither `all` nor `trainer[:FRACTION[:SEED]]`")
     chosen = list(dict.fromkeys(e.group for e in held))
-    keep = set(chosen)
     described = f"{spec}: {len(chosen)} of {len(titles)} articles {chosen}"
-    return [e for e in examples if e.group in keep], described
+    return [e for e in examples if e.group in chosen], described
 
 
 def agreement(ours: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -293,9 +293,6 @@ def machine_line(machine: dict[str, Any]) -> str:
     )
 
 
-# ----------------------------------------------------------------------------- server processes
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

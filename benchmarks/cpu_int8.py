@@ -10,7 +10,6 @@ import collections
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -233,7 +232,6 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=Path, default=common.default_bundle("classify"))
     parser.add_argument("--data", type=Path, default=common.ROOT.parent / "shared" / "data")
@@ -247,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     start = list(os.getloadavg())
     cands = candidates(args.bundle)
     timed = [c for c in cands if c.name != "fused"]
-    command = " ".join(["python -m benchmarks.cpu_int8", *argv])
-    report: dict[str, Any] = {"created_at": common.now(), "command": command}
+    report: dict[str, Any] = {"created_at": common.now(), "command": common.command("cpu_int8", argv)}
     report["machine"] = common.machine_info()
     print("quality", flush=True)
     report["quality"] = quality(cands, args.bundle, args.data, args.quick)

@@ -92,7 +92,6 @@ def summary(run: rel.Run, report: dict[str, Any], retried: int) -> dict[str, Any
     }
 
 
-# ------------------------------------------------------------------------------------------ Prometheus
 def prometheus_query(url: str, expr: str) -> list[dict[str, Any]]:
     """An instant query through Prometheus' HTTP API; raises on an error (a query that fails to parse)."""
     import httpx
@@ -130,7 +129,6 @@ def evaluate_dashboard(prometheus_url: str, rate_interval: str = "30s") -> dict[
     }
 
 
-# ------------------------------------------------------------------------------------------ the run
 async def run_phases(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
     results: dict[str, Any] = {"timelines": {}}
     for seed, (name, faults) in enumerate(scenarios(stack, timing).items()):
@@ -189,7 +187,6 @@ def run_stack(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
     return {**results, "startup_s": round(startup_s, 1), "checks": checks(results)}
 
 
-# ------------------------------------------------------------------------------------------ output
 def markdown(report: dict[str, Any]) -> str:
     r, series = report["results"], report["results"]["dashboard_series"]
     endpoints, prometheus = list(r["steady"]["endpoints"]), r["steady"]["prometheus"]

@@ -24,7 +24,6 @@ NO_ANSWER = {"text": "", "start": 0, "end": 0}
 Reader = Callable[[str, str], dict[str, Any]]  # (question, context) -> {"text", "start", "end"}
 
 
-# ------------------------------------------------------------------ data (pure: tested exactly)
 def select_articles(examples: list, spec: str) -> tuple[list, str]:
     """The examples of the articles `spec` names (`all`, or `trainer[:FRACTION[:SEED]]`: the articles
     `python -m train --validation-fraction FRACTION --seed SEED` holds out), and a description."""
@@ -85,7 +84,6 @@ def build_long_context(paragraph: str, fillers: list[str], target: int, rng: ran
     return " ".join([*chosen[:slot], paragraph, *chosen[slot:]]), sum(len(p) + 1 for p in chosen[:slot])
 
 
-# ------------------------------------------------------------------ readers and measurements
 def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tuple[dict[str, Reader], str]:
     """name -> reader (ours in-process per variant, then transformers), and the baseline's kind."""
     from benchmarks.model_only import BundleModel
@@ -175,7 +173,6 @@ def latency_scaling(readers: dict[str, Reader], examples: list, args: argparse.N
     return {"rows": rows, "fits": fits, "questions": [e.id for e in picked]}
 
 
-# ------------------------------------------------------------------ report
 def markdown(report: dict[str, Any]) -> str:
     s, lat = report["settings"], report["latency"]
     lines = [

@@ -185,22 +185,17 @@ def markdown(report: dict[str, Any]) -> str:
             f"c={r['concurrency']} loop ms | c={r['concurrency']} other threads ms" for r in levels
         )
         lines += [header + " |", "|---|" + "---:|---:|" * len(levels)]
+        profiles = [r["profile_ms_per_request"] for r in levels]
         for stage in STAGES:
-            cells = []
-            for r in levels:
-                prof = r["profile_ms_per_request"]
-                cells += [prof.get(name, {}).get(stage) for name in ("event loop", "other threads")]
+            cells = [p.get(name, {}).get(stage) for p in profiles for name in ("event loop", "other threads")]
             if any(cells):
-                lines.append(
-                    f"| {stage} | " + " | ".join("" if c is None else f"{c:.3f}" for c in cells) + " |"
-                )
+                row = " | ".join("" if c is None else f"{c:.3f}" for c in cells)
+                lines.append(f"| {stage} | {row} |")
         lat = [r["latency_ms"] for r in levels]
         rows = {"throughput, req/s": [f"{r['throughput_rps']:.1f}" for r in levels]}
         rows["client p50 / p99, ms"] = [f"{x['p50']} / {x['p99']}" for x in lat]
-        for key in ("server total", "tokenize", "queue", "inference", "postprocess"):
-            rows[f"service's own: {key}, mean ms"] = [
-                str(r["service_timings_ms"].get(key, "")) for r in levels
-            ]
+        for k in ("server total", "tokenize", "queue", "inference", "postprocess"):
+            rows[f"service's own: {k}, mean ms"] = [str(r["service_timings_ms"].get(k, "")) for r in levels]
         lines += ["", "| | " + " | ".join(f"c={r['concurrency']}" for r in levels) + " |"]
         lines += [
             "|---|" + "---:|" * len(levels),

@@ -146,9 +146,8 @@ async def run_phases(stack: Any, clients: int, timing: Timing) -> dict[str, Any]
         retried = len(re.findall(r" up=[^ \n]+, ", stack.nginx_log()[log_offset:]))
         results[name] = summary(run, report, retried)
         if name == "steady":  # counters only add up before any replica restarts
-            results[name]["prometheus"] = await asyncio.to_thread(
-                wait_for_scrape, stack, report["requests"], timing.scrape_wait_s
-            )
+            scrape = await asyncio.to_thread(wait_for_scrape, stack, report["requests"], timing.scrape_wait_s)
+            results[name]["prometheus"] = scrape
         else:
             results["timelines"][name] = run.timeline()
     after = await asyncio.to_thread(wait_for_scrape, stack, 0, timing.scrape_wait_s)

@@ -180,11 +180,9 @@ class _Runner:
     def __init__(self, config: LoadConfig, send, stop: asyncio.Event | None, samples: list[Sample] | None):
         self.config, self.send, self.stop = config, send, stop
         self.rng = rng = random.Random(config.seed)
-        self.names = [n for n, w in config.endpoints.items() if w > 0]
+        self.names = names = [n for n, w in config.endpoints.items() if w > 0]
         self.weights = [config.endpoints[n] for n in self.names]
-        self.pools = {
-            n: [make_payload(n, rng) for _ in range(POOL_SIZES.get(n, POOL_SIZE))] for n in self.names
-        }
+        self.pools = {n: [make_payload(n, rng) for _ in range(POOL_SIZES.get(n, POOL_SIZE))] for n in names}
         self.wire = {n: [to_wire(config.protocol, n, p) for p in pool] for n, pool in self.pools.items()}
         self.bodies = {n: [json.dumps(body).encode() for _, body in forms] for n, forms in self.wire.items()}
         self.samples: list[Sample] = [] if samples is None else samples  # filled as responses arrive

@@ -57,7 +57,7 @@ class BundleModel:
             create_runtime(path, device, self.threads, disabled_optimizers=disabled)
             for _ in range(max(1, instances))
         ]
-        self.runtime = self.runtimes[0]
+        self.runtime, self.task = self.runtimes[0], self.manifest.task
         self.max_seq_len = self.manifest.max_seq_len
         defaults = {**DEFAULT_QA, **(self.manifest.qa_defaults or {})}
         self.max_query_len = int(defaults["max_query_len"])
@@ -65,10 +65,6 @@ class BundleModel:
         # As app/services.QAService: the stride must fit the smallest window.
         smallest = qa_proc.window_capacity(self.max_seq_len, self.max_query_len)
         self.doc_stride = max(0, min(int(defaults["doc_stride"]), smallest // 2))
-
-    @property
-    def task(self) -> str:
-        return self.manifest.task
 
     def encodings(self, payload: dict[str, Any]) -> list[Encoding]:
         """The sequences / windows the service would send to the model for one request body."""
@@ -135,9 +131,7 @@ def pack(
     return batches
 
 
-def single_request_reference(
-    model: BundleModel, payloads: list[dict[str, Any]], seconds: float
-) -> dict[str, Any]:
+def single_request_reference(model: BundleModel, payloads: list[dict], seconds: float) -> dict[str, Any]:
     """Per request, its sequences as the service batches them alone (concurrency 1): ORT time only,
     the requests in turn, each at least once, until `seconds` have passed."""
     requests = itertools.cycle([model.encodings(p) for p in payloads])
@@ -177,9 +171,7 @@ def batched_reference(
     }
 
 
-def run_passes(
-    runtimes: Sequence[Any], batches: list[dict[str, np.ndarray]], seconds: float
-) -> dict[str, Any]:
+def run_passes(runtimes: Sequence, batches: list[dict[str, np.ndarray]], seconds: float) -> dict[str, Any]:
     """Each runtime in its own thread runs every batch (from its own starting point) for `seconds`;
     returns passes over the batch list (fractions included) and the wall time."""
     for runtime in runtimes:

@@ -48,21 +48,18 @@ def agreement(ours: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]
     if set(ours) != set(theirs):
         raise ValueError(f"answer sets differ: {len(set(ours) ^ set(theirs))} question ids in only one")
     n = len(ours)
-    same_span = sum(
-        (ours[q]["start"], ours[q]["end"]) == (theirs[q]["start"], theirs[q]["end"]) for q in ours
-    )
+    spans = sum((ours[q]["start"], ours[q]["end"]) == (theirs[q]["start"], theirs[q]["end"]) for q in ours)
     differing = [q for q in ours if normalize_answer(ours[q]["text"]) != normalize_answer(theirs[q]["text"])]
     overlap = [token_f1(ours[q]["text"], theirs[q]["text"]) for q in ours]
+    examples = [{"id": q, "ours": ours[q]["text"], "theirs": theirs[q]["text"]} for q in differing[:10]]
     return {
         "questions": n,
-        "same_span": same_span,
+        "same_span": spans,
         "same_normalized_text": n - len(differing),
-        "same_span_rate": round(same_span / n, 4) if n else None,
+        "same_span_rate": round(spans / n, 4) if n else None,
         "same_text_rate": round((n - len(differing)) / n, 4) if n else None,
         "mean_token_f1_between": round(statistics.fmean(overlap), 4) if n else None,
-        "examples_of_differences": [
-            {"id": q, "ours": ours[q]["text"], "theirs": theirs[q]["text"]} for q in differing[:10]
-        ],
+        "examples_of_differences": examples,
     }
 
 

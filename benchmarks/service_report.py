@@ -32,9 +32,8 @@ def median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
     levels = []
     for rows in zip(*(run["levels"] for run in good), strict=True):
         ranked = sorted(rows, key=lambda row: row["throughput_rps"])
-        levels.append(
-            {**ranked[(len(ranked) - 1) // 2], "throughput_rps_by_round": [r["throughput_rps"] for r in rows]}
-        )
+        rates = [r["throughput_rps"] for r in rows]
+        levels.append({**ranked[(len(ranked) - 1) // 2], "throughput_rps_by_round": rates})
     return {
         **good[0],
         "rounds": len(good),

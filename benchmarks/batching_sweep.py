@@ -1,15 +1,10 @@
-"""Which batching and session settings serve most: our server under the same load, one setting at a time.
+"""Which batching and session settings serve most: a preset of service_bench.py, our server alone
+with one setting changed at a time (benchmarks/README.md; the CPU defaults come from its table).
 
     .venv/bin/python -m benchmarks.batching_sweep                 # /classify, c=1 and 32, every setting
     .venv/bin/python -m benchmarks.batching_sweep --endpoint qa --settings "pf1.1=MAX_PADDING_FACTOR=1.1"
 
-A preset of benchmarks/service_bench.py: our server alone on the endpoint's default bundle, `ours`
-with the service's defaults and `ours-NAME` with each setting's environment overrides, alternating
-over rounds. Besides throughput, latency and CPU, each row holds the batcher's own counters from
-/metrics: the mean batch size and the padded tokens per request, which explain the throughput. The
-CPU defaults in app/backend/runtime.py (CPU_PADDING_FACTOR, resolve_instances) were chosen from this
-table. Writes benchmarks/results/batching_sweep.* (batching_sweep_<endpoint>.* for other endpoints);
-other service_bench options pass through (--rounds, --classify-bundle, --out, ...).
+Other service_bench options pass through (--rounds, --classify-bundle, --out, ...).
 """
 
 from __future__ import annotations

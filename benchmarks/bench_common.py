@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -110,13 +111,8 @@ def require_bundle(path: Path, task: str) -> Path:
 
 
 def resolve_checkpoint(bundle: Path, requested: str | None, task: str, work: Path = WORK) -> tuple[Path, str]:
-    """The checkpoint directory the `transformers` baseline loads, and how it was found.
-
-    `requested` may be a directory or None/'auto'. Auto prefers exactly the weights the bundle
-    was exported from: the manifest's source checkpoint if it still exists, else (for bundles made
-    by `export.defaults`, whose source was a temporary directory) the same checkpoint rebuilt from
-    `defaults/<name>`, else runs/<run>/best (which the compact defaults only approximate).
-    """
+    """The checkpoint directory the `transformers` baseline loads (`requested`, or for None/'auto' the
+    bundle's exact weights where they can be found: benchmarks/README.md, "Models"), and how it was found."""
     if requested not in (None, "", "auto"):
         path = Path(requested)
         if not (path / "config.json").is_file():
@@ -237,6 +233,12 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def command(module: str, argv: Sequence[str] | None = None) -> str:
+    """The command that made a result: `python -m benchmarks.<module>` and its arguments."""
+    args = sys.argv[1:] if argv is None else argv
+    return repo_relative(shlex.join(["python", "-m", f"benchmarks.{module}", *args]))
+
+
 def repo_relative(text: str) -> str:
     """Results hold commands others can run: `python`, paths relative to the repository."""
     text = text.replace(sys.executable, "python")
@@ -269,6 +271,12 @@ def pyplot():
     return plt
 
 
+def save_figure(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
 def cpu_label(machine: dict[str, Any]) -> str:
     """The CPU's name, with its vector extensions where the results recorded them."""
     isa = machine.get("isa")
@@ -283,9 +291,6 @@ def machine_line(machine: dict[str, Any]) -> str:
         f"load average at start {machine.get('load_average_at_start')}; "
         f"{machine.get('os')}, Python {machine.get('python')}; {versions}"
     )
-
-
-# ----------------------------------------------------------------------------- server processes
 
 
 def free_port() -> int:
@@ -382,12 +387,14 @@ def serve_ours(
     log_path: Path,
     ready_timeout: float = 300,
     outcome: dict[str, Any] | None = None,
+    workers: int = 1,
     **env: str,
 ) -> tuple[str, Any]:
-    """Our service (`uvicorn app.main:app`) on MODELS_DIR=models_dir and a free loopback port, with
-    other settings as environment variables: (its URL, the `server` context that runs it)."""
+    """Our service (`uvicorn app.main:app`, `workers` processes) on MODELS_DIR=models_dir and a free loopback
+    port, with other settings as environment variables: (its URL, the `server` context that runs it)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--workers", str(workers)] if workers > 1 else []
     env = {"MODELS_DIR": str(models_dir), "LOG_LEVEL": "WARNING", **env}
     return url, server(command, env, log_path, url, ready_timeout, outcome)

@@ -1,14 +1,8 @@
-"""Where one request's time goes: per stage, at concurrency 1 and 32, for /classify, /embed and /qa.
+"""Where one request's time goes: per stage, at concurrency 1 and 32, for /classify, /embed and /qa
+(method: docs/performance.md, section 1). py-spy needs ptrace (root, or CAP_SYS_PTRACE).
 
     .venv/bin/python -m benchmarks.breakdown                      # ~6 min, all three endpoints
     .venv/bin/python -m benchmarks.breakdown --endpoints classify --duration 5
-
-Two sources, side by side: the service's own stage histograms (`bert_stage_seconds`) and request
-latency from /metrics around each load, and py-spy sampling every thread of the server (idle ones
-too) under loadgen.py's load, each sample put in the stage its innermost frame's rule names; a
-stage's ms per request is its share of a thread's samples times the wall time over the requests.
-"event loop" is the main thread; "other threads" the inference workers and the to_thread pool.
-py-spy needs ptrace (root, or CAP_SYS_PTRACE). Writes benchmarks/results/breakdown.{json,md}.
 """
 
 from __future__ import annotations
@@ -159,9 +153,8 @@ def run_endpoint(endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
     command, env = our_server([bundle], port, args.work_dir / "models-dir" / f"breakdown-{endpoint}", {})
     print(f"/{endpoint}: {' '.join(command)}", flush=True)
     with common.server(command, env, args.work_dir / "logs" / f"breakdown-{endpoint}.log", url, 300.0) as pid:
-        (model,) = [
-            m for m in httpx.get(f"{url}/models", timeout=10).json()["models"] if m["status"] == "ready"
-        ]
+        models = httpx.get(f"{url}/models", timeout=10).json()["models"]
+        (model,) = [m for m in models if m["status"] == "ready"]
         around = functools.partial(profiled, url, pid, args)
         levels = load_levels(url, pid, [(endpoint, c) for c in args.concurrency], "ours", args, around)
     for row in levels:
@@ -192,22 +185,17 @@ def markdown(report: dict[str, Any]) -> str:
             f"c={r['concurrency']} loop ms | c={r['concurrency']} other threads ms" for r in levels
         )
         lines += [header + " |", "|---|" + "---:|---:|" * len(levels)]
+        profiles = [r["profile_ms_per_request"] for r in levels]
         for stage in STAGES:
-            cells = []
-            for r in levels:
-                prof = r["profile_ms_per_request"]
-                cells += [prof.get(name, {}).get(stage) for name in ("event loop", "other threads")]
+            cells = [p.get(name, {}).get(stage) for p in profiles for name in ("event loop", "other threads")]
             if any(cells):
-                lines.append(
-                    f"| {stage} | " + " | ".join("" if c is None else f"{c:.3f}" for c in cells) + " |"
-                )
+                row = " | ".join("" if c is None else f"{c:.3f}" for c in cells)
+                lines.append(f"| {stage} | {row} |")
         lat = [r["latency_ms"] for r in levels]
         rows = {"throughput, req/s": [f"{r['throughput_rps']:.1f}" for r in levels]}
         rows["client p50 / p99, ms"] = [f"{x['p50']} / {x['p99']}" for x in lat]
-        for key in ("server total", "tokenize", "queue", "inference", "postprocess"):
-            rows[f"service's own: {key}, mean ms"] = [
-                str(r["service_timings_ms"].get(key, "")) for r in levels
-            ]
+        for k in ("server total", "tokenize", "queue", "inference", "postprocess"):
+            rows[f"service's own: {k}, mean ms"] = [str(r["service_timings_ms"].get(k, "")) for r in levels]
         lines += ["", "| | " + " | ".join(f"c={r['concurrency']}" for r in levels) + " |"]
         lines += [
             "|---|" + "---:|" * len(levels),
@@ -234,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     report: dict[str, Any] = {
         "created_at": common.now(),
-        "command": "python -m benchmarks.breakdown " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": common.command("breakdown", argv),
         "machine": common.machine_info(),
         "duration_s": args.duration,
         "rate": RATE,

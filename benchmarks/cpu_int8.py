@@ -1,11 +1,6 @@
 """The batch-invariant INT8 path against ORT's dynamic INT8, side by side in one run
-(`python -m benchmarks.cpu_int8 [--quick]`, on .cache/bundles/sst2-minilm): the bundle's `int8`
-(dynamic, not batch-invariant) and `int8-rowwise` (served), with `fused` fp32 as the reference.
-
-CPU time per run (the headline: other processes' time slices do not inflate it) and wall at (1,128)
-and (32,128), 1 and 2 threads, in alternating blocks; rows alone against inside padded batches of
-1..33 rows; SST-2 accuracy and logits against fp32; ORT's per-operator profile. benchmarks/README.md
-has the details; retired candidates: docs/decisions.md. Writes benchmarks/results/cpu_int8{,_quick}.*.
+(`python -m benchmarks.cpu_int8 [--quick]`, on .cache/bundles/sst2-minilm); what it measures:
+benchmarks/README.md. Writes benchmarks/results/cpu_int8{,_quick}.*.
 """
 
 from __future__ import annotations
@@ -15,7 +10,6 @@ import collections
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -222,11 +216,10 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    plt = common.pyplot()
     rows = report["ratios"]
     names = list(dict.fromkeys(r["candidate"] for r in rows))
     groups = [(t, s) for t in THREADS for s in SHAPES]
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = common.pyplot().subplots(figsize=(9, 4))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         v = {(r["threads"], tuple(r["shape"])): r["cpu_ratio"] for r in rows if r["candidate"] == name}
@@ -235,13 +228,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], [f"{t}t {s}" for t, s in groups])
     ax.set(ylabel="CPU time / dynamic INT8", title=common.cpu_label(report["machine"]))
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=Path, default=common.default_bundle("classify"))
     parser.add_argument("--data", type=Path, default=common.ROOT.parent / "shared" / "data")
@@ -255,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     start = list(os.getloadavg())
     cands = candidates(args.bundle)
     timed = [c for c in cands if c.name != "fused"]
-    command = " ".join(["python -m benchmarks.cpu_int8", *argv])
-    report: dict[str, Any] = {"created_at": common.now(), "command": command}
+    report: dict[str, Any] = {"created_at": common.now(), "command": common.command("cpu_int8", argv)}
     report["machine"] = common.machine_info()
     print("quality", flush=True)
     report["quality"] = quality(cands, args.bundle, args.data, args.quick)

@@ -1,9 +1,6 @@
-"""Texts for the embedding benchmarks: STS-B pairs, and a varied set of sentences.
-
-The varied set mixes STS-B dev sentences (news, image captions, forum posts) with hand-written
-texts that exercise what a tokenizer and a pooling can get wrong: one word, numbers and code,
-accents and other scripts, emoji, shouting, odd whitespace, and texts far beyond the model's 256
-tokens (truncated as sentence-transformers truncates them).
+"""Texts for the embedding benchmarks: STS-B pairs, and a varied set of sentences (STS-B dev sentences
+and hand-written texts that trip tokenizers and pooling: numbers, code, other scripts, emoji, texts far
+past the model's 256 tokens, truncated as sentence-transformers truncates them).
 """
 
 from __future__ import annotations

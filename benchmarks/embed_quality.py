@@ -1,13 +1,7 @@
 """The embedding default as a user meets it: /embed of the live service against sentence-transformers,
-and STS-B dev scored through the service.
+and STS-B dev scored through the service (benchmarks/README.md).
 
     python -m benchmarks.embed_quality [--bundle .cache/bundles/all-minilm-l6-v2] [--data ../shared/data]
-
-For each CPU variant (fp32, then int8-rowwise, the default) the service alone on the bundle answers
-200 varied sentences (benchmarks/embed_data.py) in requests of 32, compared by cosine with
-`SentenceTransformer(<the same folder>).encode`, then each alone in its request (must be bit-identical),
-and STS-B dev (`glue/STS-B/dev.tsv`): Spearman (Pearson) of the pairs' cosines against the gold scores,
-beside sentence-transformers offline and the published figure. Writes results/embed_quality.{json,md}.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ import numpy as np
 
 from benchmarks import bench_common as common
 from benchmarks.embed_data import STSB_DEV, read_sts, varied_sentences
-from benchmarks.live_quality import command, parser
+from benchmarks.live_quality import parser
 
 STEM = "embed_quality"
 # Published: MTEB's STSBenchmark result for sentence-transformers/all-MiniLM-L6-v2 (test split;
@@ -40,9 +34,7 @@ def embed_all(url: str, texts: list[str], batch: int = BATCH, concurrency: int =
     with httpx.Client(base_url=url, timeout=300) as client, ThreadPoolExecutor(concurrency) as pool:
 
         def one(chunk: list[str]) -> list[list[float]]:
-            response = client.post("/embed", json={"inputs": chunk})
-            response.raise_for_status()
-            return response.json()
+            return client.post("/embed", json={"inputs": chunk}).raise_for_status().json()
 
         chunks = pool.map(one, [texts[i : i + batch] for i in range(0, len(texts), batch)])
         return np.asarray([v for chunk in chunks for v in chunk], dtype=np.float32)
@@ -81,8 +73,10 @@ def score_variant(url: str, variant: str, sentences: list, reference: np.ndarray
         "variant": variant,
         "sentences": len(sentences),
         "cosine_vs_sentence_transformers": {
-            "min": float(cos.min()), "mean": float(cos.mean()), "worst_sentence": sentences[cos.argmin()][:80]
-        },  # fmt: skip
+            "min": float(cos.min()),
+            "mean": float(cos.mean()),
+            "worst_sentence": sentences[cos.argmin()][:80],
+        },
         "max_abs_diff_vs_sentence_transformers": float(np.abs(batched - reference).max()),
         "alone_vs_in_batch_max_abs_diff": float(np.abs(alone - batched).max()),
         "alone_identical_to_batched": bool(np.array_equal(alone, batched)),
@@ -127,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         with running:
             rows.append(score_variant(url, variant, sentences, reference, pairs, sts))
     report = {
-        "command": command(STEM),
+        "command": common.command(STEM),
         "bundle": common.repo_relative(str(args.bundle)),
         "pooling": manifest.pooling,
         "max_seq_len": manifest.max_seq_len,

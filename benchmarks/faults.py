@@ -1,13 +1,9 @@
 """Faults injected into the running deployment under load: kill -9 of a replica, a rolling restart,
-and Prometheus' view of it all (deploy/README.md, "Faults under load").
+and Prometheus' view of it all (deploy/README.md, "Faults under load"); exit 0 only when every check held.
 
     .venv/bin/python -m benchmarks.faults                          # default bundles, 3 replicas, 32 clients
     .venv/bin/python -m benchmarks.faults --tiny --quick --name faults_smoke   # test-size models, short
     .venv/bin/python -m benchmarks.faults --stack compose          # deploy/docker-compose.yml as containers
-
-Three phases under 32 closed-loop clients through nginx: steady (Prometheus must see every replica up
-and count exactly the requests sent), kill -9 of a replica, a rolling restart; every failed request is
-counted. Writes benchmarks/results/<name>.{json,md,png}; exit status 0 only when every check held.
 """
 
 from __future__ import annotations
@@ -24,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import bench_common as common
 from benchmarks import reliability as rel
-from benchmarks.bench_common import RESULTS, build_tiny_models, free_port, machine_info, now, pyplot
 from benchmarks.loadgen import LoadConfig, run_load
 from deploy.local.stack import NGINX_CONF, LocalStack, StackConfig
 
@@ -96,7 +92,6 @@ def summary(run: rel.Run, report: dict[str, Any], retried: int) -> dict[str, Any
     }
 
 
-# ------------------------------------------------------------------------------------------ Prometheus
 def prometheus_query(url: str, expr: str) -> list[dict[str, Any]]:
     """An instant query through Prometheus' HTTP API; raises on an error (a query that fails to parse)."""
     import httpx
@@ -134,7 +129,6 @@ def evaluate_dashboard(prometheus_url: str, rate_interval: str = "30s") -> dict[
     }
 
 
-# ------------------------------------------------------------------------------------------ the run
 async def run_phases(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
     results: dict[str, Any] = {"timelines": {}}
     for seed, (name, faults) in enumerate(scenarios(stack, timing).items()):
@@ -152,9 +146,8 @@ async def run_phases(stack: Any, clients: int, timing: Timing) -> dict[str, Any]
         retried = len(re.findall(r" up=[^ \n]+, ", stack.nginx_log()[log_offset:]))
         results[name] = summary(run, report, retried)
         if name == "steady":  # counters only add up before any replica restarts
-            results[name]["prometheus"] = await asyncio.to_thread(
-                wait_for_scrape, stack, report["requests"], timing.scrape_wait_s
-            )
+            scrape = await asyncio.to_thread(wait_for_scrape, stack, report["requests"], timing.scrape_wait_s)
+            results[name]["prometheus"] = scrape
         else:
             results["timelines"][name] = run.timeline()
     after = await asyncio.to_thread(wait_for_scrape, stack, 0, timing.scrape_wait_s)
@@ -174,9 +167,10 @@ def checks(results: dict[str, Any]) -> dict[str, bool]:
 
 def local_stack(models_dir: Path, run_dir: Path, nginx_conf: Path = NGINX_CONF, **env: str) -> LocalStack:
     """The compose topology as host processes (deploy/local/stack.py)."""
+    port = common.free_port
     return LocalStack(StackConfig(nginx_conf=nginx_conf, models_dir=models_dir, run_dir=run_dir, env=env,
-                                  replica_ports=[free_port() for _ in range(3)], http_port=free_port(),
-                                  prometheus_port=free_port()))  # fmt: skip
+                                  replica_ports=[port() for _ in range(3)], http_port=port(),
+                                  prometheus_port=port()))  # fmt: skip
 
 
 def run_stack(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
@@ -192,7 +186,6 @@ def run_stack(stack: Any, clients: int, timing: Timing) -> dict[str, Any]:
     return {**results, "startup_s": round(startup_s, 1), "checks": checks(results)}
 
 
-# ------------------------------------------------------------------------------------------ output
 def markdown(report: dict[str, Any]) -> str:
     r, series = report["results"], report["results"]["dashboard_series"]
     endpoints, prometheus = list(r["steady"]["endpoints"]), r["steady"]["prometheus"]
@@ -234,12 +227,12 @@ def markdown(report: dict[str, Any]) -> str:
 
 def plot(report: dict[str, Any], path: Path) -> None:
     timelines = report["results"]["timelines"]
-    fig, axes = pyplot().subplots(len(timelines), 1, figsize=(11, 3.6 * len(timelines)), squeeze=False)
+    fig, axes = common.pyplot().subplots(len(timelines), 1, figsize=(11, 3.6 * len(timelines)), squeeze=False)
     for ax, (name, bins) in zip(axes[:, 0], timelines.items(), strict=True):
         s = report["results"][name]
         title = f"{name}: {s['requests']} requests, {s['errors']} errors, p99 {s['latency_ms']['p99']} ms"
         rel.plot_timeline(ax, bins, s["events"], title)
-    rel.save(fig, path)
+    common.save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -253,21 +246,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "as containers (deploy/podman/stack.py), on the built image and its bundles")  # fmt: skip
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="a replica setting")
     p.add_argument("--name", default="faults")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, default=common.RESULTS)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    models_dir, env = (build_tiny_models(), dict(TINY_ENV)) if args.tiny else (args.models_dir, {})
+    models_dir, env = (common.build_tiny_models(), dict(TINY_ENV)) if args.tiny else (args.models_dir, {})
     env |= dict(item.split("=", 1) for item in args.env)
     if args.stack == "local" and not list(models_dir.glob("*/bundle.json")):
         raise SystemExit(f"no bundles in {models_dir}: run `make models` (or pass --tiny)")
-    timing, machine = QUICK if args.quick else Timing(), machine_info()
+    timing, machine = QUICK if args.quick else Timing(), common.machine_info()
     if args.stack == "compose":
         from deploy.podman.stack import ComposeStack
 
-        compose = ComposeStack(http_port=free_port(), prometheus_port=free_port())
+        compose = ComposeStack(http_port=common.free_port(), prometheus_port=common.free_port())
         results = run_stack(compose, args.clients, timing)
         stack, models = "`deploy/docker-compose.yml` run by podman (`deploy/podman/stack.py`)", "the image's"
     else:
@@ -276,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         stack = "host processes (`deploy/local/stack.py`)"
         models = ", ".join(sorted(p.parent.name for p in models_dir.glob("*/bundle.json")))
     report = {
-        "command": rel.command("faults", argv),
-        "date": now(),
+        "command": common.command("faults", argv),
+        "date": common.now(),
         "stack": stack,
         "models": "tiny test bundles" if args.tiny else models,
         "replicas": 3,

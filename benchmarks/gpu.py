@@ -2,14 +2,8 @@
 
     python -m benchmarks.gpu --minilm DIR        # DIR: sentence-transformers/all-MiniLM-L6-v2 files
 
-Exports two bundles with fp32 and fp16 variants: MiniLM (the embedding default's weights) and a
-randomly initialised bert-base classifier (latency does not depend on the weights). For each:
-- the CUDA provider: the session's providers and, from ORT's profile, the share of node time on CUDA;
-- fp16 against fp32 on CUDA and fp32 on CPU, 32 real sentences (cosine / logits);
-- IO binding on and off: p50 at (32, 128) and equal outputs;
-- p50 latency at (1, 128) and (32, 128), fp32 and fp16.
-Then our server (`DEVICE=cuda`, both bundles) under closed-loop load beside the bare fp16 model.
-Results: benchmarks/results/gpu.{json,md}.
+MiniLM (the embedding default's weights) and a random bert-base classifier, fp32 and fp16, bare and
+behind our server (`DEVICE=cuda`); what each row means: benchmarks/README.md. Writes results/gpu.json.
 """
 
 from __future__ import annotations
@@ -19,7 +13,6 @@ import json
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,10 +29,8 @@ from processing.padding import pad_batch
 from processing.tokenizer import TextTokenizer
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-LOADS = [(e, c) for e in ("embed", "classify-25w") for c in (1, 32, 128)] + [
-    ("embed-32", 4),
-    ("embed-32", 16),
-]
+LOADS = [(e, c) for e in ("embed", "classify-25w") for c in (1, 32, 128)]
+LOADS += [("embed-32", 4), ("embed-32", 16)]
 
 
 def bert_base_checkpoint(tokenizer_dir: Path, out: Path) -> Path:
@@ -116,10 +107,7 @@ def check_model(bundle: Path, seconds: float) -> dict[str, Any]:
             row["argmax_agree"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
         checks[f"{variant} cuda vs fp32 cpu"] = row
     report["fp16"] = {"output": name, **checks}
-    shapes = {
-        "(1,128)": batch(tokenizer, SENTENCES[:1], 128),
-        "(32,128)": batch(tokenizer, (SENTENCES * 4)[:32], 128),
-    }
+    shapes = {f"({n},128)": batch(tokenizer, (SENTENCES * 4)[:n], 128) for n in (1, 32)}
     report["latency_p50_ms"] = {
         f"{v} {s}": p50_ms(rt.run, x, seconds) for v, rt in cuda.items() for s, x in shapes.items()
     }
@@ -162,13 +150,9 @@ def service(bundles: dict[str, Path], work: Path, seconds: float) -> dict[str, A
         (models_dir / name).symlink_to(path.resolve(), target_is_directory=True)
     rows: dict[str, Any] = {}
     for workers in (1, 4):
-        port = common.free_port()
-        url = f"http://127.0.0.1:{port}"
-        command = (
-            f"{sys.executable} -m uvicorn app.main:app --host 127.0.0.1 --port {port} --workers {workers}"
-        )
-        env = {"MODELS_DIR": str(models_dir), "DEVICE": "cuda", "LOG_LEVEL": "WARNING"}
-        with common.server(command.split(), env, work / f"server-{workers}.log", url, 300):
+        log = work / f"server-{workers}.log"
+        url, running = common.serve_ours(models_dir, log, workers=workers, DEVICE="cuda")
+        with running:
             time.sleep(2 * (workers - 1))  # the other workers finish loading
             if workers == 1:
                 rows["c=1 stages, ms"] = {
@@ -213,12 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, source in (("minilm", args.minilm), ("bert-base", checkpoint))
     }
     smi = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
-    results: dict[str, Any] = {
-        "gpu": subprocess.run(smi, capture_output=True, text=True).stdout.strip()
-        if shutil.which(smi[0])
-        else None,
-        "machine": common.machine_info(),
-    }
+    gpu = shutil.which(smi[0]) and subprocess.run(smi, capture_output=True, text=True).stdout.strip()
+    results: dict[str, Any] = {"gpu": gpu, "machine": common.machine_info()}
     out = args.out / "gpu.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     for name, path in bundles.items():

@@ -1,19 +1,13 @@
-"""The default models' quality as a user meets it: scored through the live HTTP service.
+"""The default models' quality as a user meets it: scored through the live HTTP service, beside the
+same variant scored offline. Also what embed_quality.py and rerank_quality.py share.
 
     python -m benchmarks.live_quality [--tasks sst2,conll03,codah,squad] [--bundles .cache/bundles]
-
-`make serve`'s service (default bundles and settings) answers every held-out example of each default's
-validation data (the recipe's slice, train/recipes.py) as one request, scored by `python -m
-train.evaluate --url`'s code, beside the same variant scored offline. Writes
-benchmarks/results/live_quality.{json,md}. Also what embed_quality.py and rerank_quality.py share.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,10 +49,6 @@ def served_variants(url: str) -> dict[str, str]:
 def validation(recipe: dict) -> str:
     """A recipe's data options as results record them."""
     return common.repo_relative(" ".join(recipe["data"]))
-
-
-def command(name: str) -> str:
-    return common.repo_relative(shlex.join(["python", "-m", f"benchmarks.{name}", *sys.argv[1:]]))
 
 
 def main() -> None:

@@ -1,15 +1,13 @@
 """Load generator for the BERT service: open-loop (constant arrival rate) or closed-loop.
 
-Open loop (`--rate R`): request i is due at start + i/R whatever the server does, and its latency
-is measured from that due time, so a slow server cannot hide its queueing (no coordinated
-omission); a due request finding `--concurrency` in flight is dropped and counted, as k6's
-constant-arrival-rate executor does. Closed loop (`--concurrency N`, no `--rate`): N workers each
-send the next request as soon as the previous one returns.
+Open loop (`--rate R`): request i is due at start + i/R and its latency counts from then (no
+coordinated omission); a due request finding `--concurrency` in flight is dropped and counted, as
+k6's constant-arrival-rate does. Closed loop (`--concurrency N`, no `--rate`): N workers back to back.
 
     python -m benchmarks.loadgen --rate 50 --duration 30 --out results/load.json
     python -m benchmarks.loadgen --concurrency 8 --max-requests 2000 --endpoints classify=3,qa=1
 
-Only loopback targets are allowed unless --allow-remote is given. httpx is imported lazily.
+Only loopback targets are allowed unless --allow-remote is given.
 """
 
 from __future__ import annotations
@@ -182,11 +180,9 @@ class _Runner:
     def __init__(self, config: LoadConfig, send, stop: asyncio.Event | None, samples: list[Sample] | None):
         self.config, self.send, self.stop = config, send, stop
         self.rng = rng = random.Random(config.seed)
-        self.names = [n for n, w in config.endpoints.items() if w > 0]
+        self.names = names = [n for n, w in config.endpoints.items() if w > 0]
         self.weights = [config.endpoints[n] for n in self.names]
-        self.pools = {
-            n: [make_payload(n, rng) for _ in range(POOL_SIZES.get(n, POOL_SIZE))] for n in self.names
-        }
+        self.pools = {n: [make_payload(n, rng) for _ in range(POOL_SIZES.get(n, POOL_SIZE))] for n in names}
         self.wire = {n: [to_wire(config.protocol, n, p) for p in pool] for n, pool in self.pools.items()}
         self.bodies = {n: [json.dumps(body).encode() for _, body in forms] for n, forms in self.wire.items()}
         self.samples: list[Sample] = [] if samples is None else samples  # filled as responses arrive
@@ -266,12 +262,8 @@ async def run_load(
     stop: asyncio.Event | None = None,
     samples: list[Sample] | None = None,
 ) -> dict[str, Any]:
-    """Run one load test and return the report; `transport` lets tests run it in-process (httpx).
-
-    `stop` ends the run early when set (the duration and request bounds still hold); `samples`, when
-    given, receives every request's Sample as its response arrives (e.g. to plot latency over time).
-    A send returns (status as text, or "timeout" / "connection_error"; the body).
-    """
+    """One load test's report; `transport` runs it in-process (httpx, the tests), `stop` ends it early,
+    `samples` receives every request's Sample as its response arrives (to plot latency over time)."""
     config.validate()
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     if transport is None and config.client == "raw":  # benchmarks/rawhttp.py: keep-alive, lean
@@ -393,16 +385,14 @@ def main(argv: list[str] | None = None) -> int:
     sweep = [int(x) for x in args.sweep.split(",") if x.strip()] if args.sweep else []
     reports = closed_loop_sweep(config, sweep) if sweep else [run(config)]
     for report in reports:
-        lat = report["latency_ms"]
-        cfg = report["config"]
+        lat, cfg = report["latency_ms"], report["config"]
         print(
             f"{cfg['mode']}-loop c={cfg['concurrency']}: {report['requests']} requests, {report['ok']} ok, "
             f"{report['errors']} errors, {report['dropped']} dropped, "
             f"{report['throughput_rps']} req/s, p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} ms"
         )
         for name, ep in report["endpoints"].items():
-            lat = ep["latency_ms"]
-            errors = ep["errors_by_status"] or 0
+            lat, errors = ep["latency_ms"], ep["errors_by_status"] or 0
             print(
                 f"  {name:16} {ep['requests']:6} req  p50 {lat['p50']} p99 {lat['p99']} ms  errors {errors}"
             )
@@ -410,9 +400,8 @@ def main(argv: list[str] | None = None) -> int:
             print("  schema errors, e.g.:", *report["schema_error_examples"], sep="\n    ")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(
-            json.dumps({"runs": reports} if sweep else reports[0], indent=2) + "\n", encoding="utf-8"
-        )
+        written = {"runs": reports} if sweep else reports[0]
+        args.out.write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
     return 0 if all(r["errors"] == 0 and r["dropped"] == 0 for r in reports) else 1
 
 

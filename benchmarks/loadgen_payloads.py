@@ -1,8 +1,5 @@
-"""Request payloads and response-schema checks for the four endpoints, shared by the load tools.
-
-Pure Python (no httpx, no locust) so `benchmarks/loadgen.py`, `deploy/loadtest/locustfile.py` and
-the tests all send the same realistic mix: short, medium and long texts, and QA contexts long
-enough to need several windows.
+"""Request payloads and response-schema checks for the four endpoints, shared by the load tools
+(loadgen.py, deploy/loadtest/locustfile.py, the tests). Pure Python: no httpx, no locust.
 """
 
 from __future__ import annotations

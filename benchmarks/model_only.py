@@ -1,8 +1,5 @@
-"""Our model without the service: a bundle's ONNX session fed by processing/, in-process.
-
-The references the service is judged against (single-request time and batched throughput on the
-same payloads) and an in-process QA reader: the service's steps without HTTP, queueing or
-cross-request batching, on sessions with the server's options (app.backend.runtime.create_runtime).
+"""Our model without the service: a bundle's ONNX session fed by processing/, in-process, on the
+server's session options: the single-request and batched references the service is judged against.
 """
 
 from __future__ import annotations
@@ -60,7 +57,7 @@ class BundleModel:
             create_runtime(path, device, self.threads, disabled_optimizers=disabled)
             for _ in range(max(1, instances))
         ]
-        self.runtime = self.runtimes[0]
+        self.runtime, self.task = self.runtimes[0], self.manifest.task
         self.max_seq_len = self.manifest.max_seq_len
         defaults = {**DEFAULT_QA, **(self.manifest.qa_defaults or {})}
         self.max_query_len = int(defaults["max_query_len"])
@@ -68,10 +65,6 @@ class BundleModel:
         # As app/services.QAService: the stride must fit the smallest window.
         smallest = qa_proc.window_capacity(self.max_seq_len, self.max_query_len)
         self.doc_stride = max(0, min(int(defaults["doc_stride"]), smallest // 2))
-
-    @property
-    def task(self) -> str:
-        return self.manifest.task
 
     def encodings(self, payload: dict[str, Any]) -> list[Encoding]:
         """The sequences / windows the service would send to the model for one request body."""
@@ -138,9 +131,7 @@ def pack(
     return batches
 
 
-def single_request_reference(
-    model: BundleModel, payloads: list[dict[str, Any]], seconds: float
-) -> dict[str, Any]:
+def single_request_reference(model: BundleModel, payloads: list[dict], seconds: float) -> dict[str, Any]:
     """Per request, its sequences as the service batches them alone (concurrency 1): ORT time only,
     the requests in turn, each at least once, until `seconds` have passed."""
     requests = itertools.cycle([model.encodings(p) for p in payloads])
@@ -152,11 +143,8 @@ def single_request_reference(
 def batched_reference(
     model: BundleModel, payloads: list[dict[str, Any]], seconds: float, sizes: Sequence[int] = (1, 8, 32)
 ) -> dict[str, Any]:
-    """Every sequence of the payload pool, sorted by length and packed into full batches of each size.
-
-    `requests_per_s` is at the service's MAX_BATCH_SIZE (the target's reference); `best` is the
-    fastest size, which shows whether bigger batches pay at all on this CPU.
-    """
+    """Every sequence of the payload pool, sorted by length, in full batches of each size: `requests_per_s`
+    at the service's MAX_BATCH_SIZE (the target's reference), `best` the fastest size."""
     encodings = sorted((e for p in payloads for e in model.encodings(p)), key=len)
     by_size: dict[int, dict[str, Any]] = {}
     for size in sizes:
@@ -183,9 +171,7 @@ def batched_reference(
     }
 
 
-def run_passes(
-    runtimes: Sequence[Any], batches: list[dict[str, np.ndarray]], seconds: float
-) -> dict[str, Any]:
+def run_passes(runtimes: Sequence, batches: list[dict[str, np.ndarray]], seconds: float) -> dict[str, Any]:
     """Each runtime in its own thread runs every batch (from its own starting point) for `seconds`;
     returns passes over the batch list (fractions included) and the wall time."""
     for runtime in runtimes:

@@ -1,16 +1,11 @@
 """Live version swaps under load: a model's version is replaced three times (and a corrupted version
-is offered once) while 32 clients keep sending requests to it.
+is offered once) while 32 clients keep sending requests to it (benchmarks/README.md).
 
     .venv/bin/python -m benchmarks.model_swap                  # sst2-minilm, 32 clients, 60 s
     .venv/bin/python -m benchmarks.model_swap --quick          # the tests' tiny bundle, 8 clients, 8 s
 
---clients closed-loop clients on `/classify` (`"model": "sst2"`, MODELS_DIR holding `sst2/1` from
---bundle); at 1/5, 2/5 and 3/5 of the run version n+1 is written and loaded through
-`POST /admin/models/sst2/load`, at 4/5 a version with one byte of its graph flipped, which must be
-refused. Each version's labels carry it (`negative@v2`), so an answer shows which version computed it
-beside its `X-Model-Version`. Passes (exit 0) when no request failed, every answer came from a version
-the server verified (header and labels agree), the corrupted one was refused and never answered, and
-each good version answered. Writes benchmarks/results/model_swap{,_quick}.{json,md,png}.
+Passes (exit 0) when no request failed, every answer came from a version the server verified, the
+corrupted one was refused and never answered, and each good version answered.
 """
 
 from __future__ import annotations
@@ -177,20 +172,10 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    fig, (top, bottom) = common.pyplot().subplots(2, 1, figsize=(10, 6), sharex=True)
-    bins = report["timeline"]
-    ts, base = [b["t_s"] for b in bins], [0.0] * len(bins)
-    for version in report["served_versions"]:
-        rates = [b.get("answers_per_s", {}).get(version, 0.0) for b in bins]
-        top.bar(ts, rates, width=0.5, bottom=base, align="edge", label=f"version {version}")
-        base = [a + b for a, b in zip(base, rates, strict=True)]
-    for e in report["events"]:
-        top.axvline(e["offered_at_s"], color="red" if e["corrupted"] else "black", linestyle="--", lw=0.8)
-    top.set(ylabel="answers/s by X-Model-Version", title=f"{report['clients']} clients on /classify; "
-            "dashed: version offered (red: corrupted, refused)")  # fmt: skip
-    top.legend(loc="lower right", fontsize=8)
-    rel.plot_timeline(bottom, bins, report["events"], "latency per half second")
-    rel.save(fig, path)
+    fig, ax = common.pyplot().subplots(figsize=(10, 3.6))
+    title = f"{report['clients']} clients on /classify: latency per half second"
+    rel.plot_timeline(ax, report["timeline"], report["events"], title)
+    common.save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -226,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     run, final = result["run"], result["final_model"]
     verdict = judge(run.samples, result["served_versions"], run.events)
     report = {
-        "command": rel.command("model_swap", argv),
+        "command": common.command("model_swap", argv),
         "date": common.now(),
         "machine": machine,
         "bundle": str(args.bundle),  # repo-relative in the results (write_results)
@@ -236,9 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         "served_versions": result["served_versions"],
         "events": run.events,
         "final_model": {k: final.get(k) for k in ("version", "status", "memory_mb", "versions")},
-        "latency_ms": {"all": run.latency_within([(0, float("inf"))]),
-                       "within_2s_of_an_offer": run.latency_within([(e["offered_at_s"], e["offered_at_s"] + 2)
-                                                                    for e in run.events])},  # fmt: skip
+        "latency_ms": {
+            "all": run.latency_within([(0, float("inf"))]),
+            "within_2s_of_an_offer": run.latency_within(
+                [(e["offered_at_s"], e["offered_at_s"] + 2) for e in run.events]
+            ),
+        },
         "verdict": verdict,
         "checks": verdict["checks"],
         "timeline": run.timeline(0.5),

@@ -1,9 +1,5 @@
-"""The real peers: their own virtual environments, made on first use under .cache/peers/<name>/venv,
-and the command that starts each (service_bench.py runs them).
-
-Their pins conflict with ours and with each other, so each gets its own interpreter; torch (where a
-peer needs it) is installed first from pip's configured find-links, as any other torch pulls the
-CUDA wheels. A finished environment holds `requirements.txt`; another list rebuilds it.
+"""The real peers: their own virtual environments (their pins conflict with ours), made on first use
+under .cache/peers/<name>/venv, and the command that starts each (service_bench.py runs them).
 
     python -m benchmarks.peer_envs infinity     # make (or reuse) one environment
 """
@@ -55,6 +51,7 @@ def ensure(name: str, log=print) -> Path:
     log(f"making the {name} environment in {venv} (pip, a few minutes)")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
+    # torch first, from pip's configured find-links: any other torch pulls the CUDA wheels
     steps = ([[TORCH]] if needs_torch else []) + [packages]
     for step in steps:
         done = subprocess.run(

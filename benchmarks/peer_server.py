@@ -1,14 +1,10 @@
 """Peers as their docs write them, in FastAPI: optimum and fastembed from their own environments
-(peer_envs.py), sentence-transformers (the /embed floor) from ours.
+(peer_envs.py), sentence-transformers (the /embed floor) from ours. Standalone: the peers'
+environments hold nothing of this repository.
 
     .cache/peers/optimum/venv/bin/python benchmarks/peer_server.py optimum --classify DIR --embed DIR
     .cache/peers/fastembed/venv/bin/python benchmarks/peer_server.py fastembed --embed DIR
     .venv/bin/python benchmarks/peer_server.py st --embed .cache/peers/models/all-minilm-l6-v2
-
-optimum: `ORTModelFor{SequenceClassification,FeatureExtraction}` on an fp32 ONNX export in a
-`transformers` pipeline, mean pooling; fastembed: `TextEmbedding` on a local export; st: one
-`SentenceTransformer`, `model.encode` per request. Plain sync endpoints, uvicorn's defaults, our
-shapes. Standalone (the peers' environments hold nothing of this repository).
 """
 
 from __future__ import annotations

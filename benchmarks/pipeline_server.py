@@ -1,16 +1,9 @@
-"""The floors: what a user would write instead of our service, FastAPI over `transformers` or ORT.
+"""The floors: what a user would write instead of our service, FastAPI over `transformers` or ORT
+(benchmarks/README.md): plain sync endpoints, no batching across requests, our request and response
+shapes; /qa is `HFQuestionAnswering` (transformers 5 removed the QA pipeline).
 
     python -m benchmarks.pipeline_server --classify runs/sst2/best --qa runs/squad/best --port 8001
     python -m benchmarks.pipeline_server --ort --classify .cache/bundles/sst2-minilm --port 8002
-
-One process, plain sync `def` endpoints (FastAPI's thread pool), default settings, no batching
-across requests, our request and response shapes (fields a pipeline cannot know cheaply are null).
-The `transformers` baseline loads the checkpoint directories our bundles are exported from:
-/classify is `pipeline("text-classification")` cut at `--bundle`'s max_seq_len; /qa is
-`HFQuestionAnswering` (transformers 5 removed the QA pipeline): fast-tokenizer windows with
-offsets as the bundle cuts them, one forward pass per request, n-best start/end per window, best
-span. `--ort` is the same on a bundle variant's ONNX file (default: the one our server picks, with
-its `disabled_optimizers`) in one shared InferenceSession: only the forward pass differs.
 """
 
 from __future__ import annotations
@@ -153,11 +146,6 @@ class HFQuestionAnswering:
         return output.start_logits.float().numpy(), output.end_logits.float().numpy()
 
 
-def make_qa_baseline(directory: str | Path, settings: QASettings | None = None) -> HFQuestionAnswering:
-    """transformers 5 has no QA pipeline: the recipe above is what it did."""
-    return HFQuestionAnswering(directory, settings)
-
-
 def classify_response(request: ClassifyIn, ranked: list[list[tuple[str, float]]]) -> dict[str, Any]:
     """Our /classify response from each item's (label, score) pairs, best first."""
     results = []
@@ -220,7 +208,7 @@ def create_app(
 
     transformers = _quiet_transformers()
     pipe = transformers.pipeline("text-classification", model=str(classify), device=-1) if classify else None
-    reader = make_qa_baseline(qa, qa_settings) if qa else None
+    reader = HFQuestionAnswering(qa, qa_settings) if qa else None
     max_length = classify_max_length or (pipe.tokenizer.model_max_length if pipe else None)
 
     def classifier(items: list[PairIn]) -> list[list[tuple[str, float]]]:
@@ -236,9 +224,7 @@ def create_app(
         "torch_threads": torch.get_num_threads(),
         "transformers": transformers.__version__,
     }
-    return build_app(
-        "transformers pipeline baseline", info, classifier if pipe is not None else None, reader, "checkpoint"
-    )
+    return build_app("transformers pipeline baseline", info, classify and classifier, reader, "checkpoint")
 
 
 class OrtModel:
@@ -303,8 +289,7 @@ def create_ort_app(
         "variant": (model or reader.model).variant,  # type: ignore[union-attr]
         "intra_op_threads": threads,
     }
-    classify_fn = classifier if model is not None else None
-    return build_app("plain ONNX Runtime server", info, classify_fn, reader, "bundle")
+    return build_app("plain ONNX Runtime server", info, classify and classifier, reader, "bundle")
 
 
 def serve(app: FastAPI, what: str, port: int) -> int:

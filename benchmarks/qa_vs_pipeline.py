@@ -1,15 +1,8 @@
-"""Our QA (processing.qa over ORT) vs the `transformers` QA baseline on the same model.
+"""Our QA (processing.qa over ORT) vs the `transformers` QA baseline on the same model; what it measures:
+benchmarks/README.md. Skips (exit 0) without the SQuAD file.
 
     .venv/bin/python -m benchmarks.qa_vs_pipeline            # held-out SQuAD articles, 1k/10k/50k contexts
     .venv/bin/python -m benchmarks.qa_vs_pipeline --quick    # smoke run (30 questions, 1 latency question)
-
-Every question of the held-out SQuAD articles (`--articles trainer:0.15:42`: the split the QA default's
-recipe held out) through both: how often they agree (span, normalised text, token F1 between them) and
-EM/F1 against the gold answers; then latency on contexts of about 1k, 10k and 50k characters (other
-paragraphs around the question's own), with a linear fit and a log-log exponent (1: linear growth).
-Ours runs in-process (`--variants`: fused fp32 isolates pre/post-processing, int8 is what the service
-serves); the baseline is benchmarks/pipeline_server.make_qa_baseline on the bundle's checkpoint.
-Skips (exit 0) without the SQuAD file. Writes benchmarks/results/qa_vs_pipeline{,_quick}.*.
 """
 
 from __future__ import annotations
@@ -31,7 +24,6 @@ NO_ANSWER = {"text": "", "start": 0, "end": 0}
 Reader = Callable[[str, str], dict[str, Any]]  # (question, context) -> {"text", "start", "end"}
 
 
-# ------------------------------------------------------------------ data (pure: tested exactly)
 def select_articles(examples: list, spec: str) -> tuple[list, str]:
     """The examples of the articles `spec` names (`all`, or `trainer[:FRACTION[:SEED]]`: the articles
     `python -m train --validation-fraction FRACTION --seed SEED` holds out), and a description."""
@@ -47,9 +39,8 @@ def select_articles(examples: list, spec: str) -> tuple[list, str]:
     else:
         raise SystemExit(f"--articles: {spec!r} is neither `all` nor `trainer[:FRACTION[:SEED]]`")
     chosen = list(dict.fromkeys(e.group for e in held))
-    keep = set(chosen)
     described = f"{spec}: {len(chosen)} of {len(titles)} articles {chosen}"
-    return [e for e in examples if e.group in keep], described
+    return [e for e in examples if e.group in chosen], described
 
 
 def agreement(ours: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -57,21 +48,18 @@ def agreement(ours: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]
     if set(ours) != set(theirs):
         raise ValueError(f"answer sets differ: {len(set(ours) ^ set(theirs))} question ids in only one")
     n = len(ours)
-    same_span = sum(
-        (ours[q]["start"], ours[q]["end"]) == (theirs[q]["start"], theirs[q]["end"]) for q in ours
-    )
+    spans = sum((ours[q]["start"], ours[q]["end"]) == (theirs[q]["start"], theirs[q]["end"]) for q in ours)
     differing = [q for q in ours if normalize_answer(ours[q]["text"]) != normalize_answer(theirs[q]["text"])]
     overlap = [token_f1(ours[q]["text"], theirs[q]["text"]) for q in ours]
+    examples = [{"id": q, "ours": ours[q]["text"], "theirs": theirs[q]["text"]} for q in differing[:10]]
     return {
         "questions": n,
-        "same_span": same_span,
+        "same_span": spans,
         "same_normalized_text": n - len(differing),
-        "same_span_rate": round(same_span / n, 4) if n else None,
+        "same_span_rate": round(spans / n, 4) if n else None,
         "same_text_rate": round((n - len(differing)) / n, 4) if n else None,
         "mean_token_f1_between": round(statistics.fmean(overlap), 4) if n else None,
-        "examples_of_differences": [
-            {"id": q, "ours": ours[q]["text"], "theirs": theirs[q]["text"]} for q in differing[:10]
-        ],
+        "examples_of_differences": examples,
     }
 
 
@@ -93,11 +81,10 @@ def build_long_context(paragraph: str, fillers: list[str], target: int, rng: ran
     return " ".join([*chosen[:slot], paragraph, *chosen[slot:]]), sum(len(p) + 1 for p in chosen[:slot])
 
 
-# ------------------------------------------------------------------ readers and measurements
 def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tuple[dict[str, Reader], str]:
     """name -> reader (ours in-process per variant, then transformers), and the baseline's kind."""
     from benchmarks.model_only import BundleModel
-    from benchmarks.pipeline_server import make_qa_baseline, qa_settings_from_bundle
+    from benchmarks.pipeline_server import HFQuestionAnswering, qa_settings_from_bundle
 
     readers: dict[str, Reader] = {}
     for variant in args.variants:
@@ -109,7 +96,7 @@ def make_readers(args: argparse.Namespace, bundle: Path, checkpoint: Path) -> tu
             return {"text": best.text, "start": best.start, "end": best.end} if best else NO_ANSWER
 
         readers[f"ours-{variant}"] = ours
-    baseline = make_qa_baseline(checkpoint, qa_settings_from_bundle(bundle))
+    baseline = HFQuestionAnswering(checkpoint, qa_settings_from_bundle(bundle))
     if args.threads:
         import torch
 
@@ -183,7 +170,6 @@ def latency_scaling(readers: dict[str, Reader], examples: list, args: argparse.N
     return {"rows": rows, "fits": fits, "questions": [e.id for e in picked]}
 
 
-# ------------------------------------------------------------------ report
 def markdown(report: dict[str, Any]) -> str:
     s, lat = report["settings"], report["latency"]
     lines = [
@@ -222,28 +208,19 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    plt = common.pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    names, x = list(report["scores"]), range(len(report["scores"]))
-    for shift, metric, label in ((-0.2, "exact_match", "EM"), (0.2, "f1", "F1")):
-        left.bar([i + shift for i in x], [report["scores"][n][metric] for n in names], 0.4, label=label)
-    left.set(xticks=list(x), xticklabels=names, ylabel="SQuAD score (%)",
-             title=f"{report['questions']} held-out questions")  # fmt: skip
-    left.legend()
+    fig, ax = common.pyplot().subplots(figsize=(7, 4.8))
     for name, fit in report["latency"]["fits"].items():
         rows = [r for r in report["latency"]["rows"] if r["reader"] == name]
-        dots = right.plot([r["chars"] for r in rows], [r["ms"] for r in rows], "o", alpha=0.5, label=name)[0]
+        dots = ax.plot([r["chars"] for r in rows], [r["ms"] for r in rows], "o", alpha=0.5, label=name)[0]
         if fit["ms_per_1k_chars"] is not None:
             xs = sorted({r["chars"] for r in rows})
             dots.set_label(f"{name}: {fit['ms_per_1k_chars']} ms/1k chars, exponent {fit['loglog_exponent']}")
             line = [fit["intercept_ms"] + fit["ms_per_1k_chars"] * c / 1e3 for c in xs]
-            right.plot(xs, line, "-", color=dots.get_color())
-    right.set(xscale="log", yscale="log", xlabel="context length, characters", ylabel="latency, ms",
+            ax.plot(xs, line, "-", color=dots.get_color())
+    ax.set(xscale="log", yscale="log", xlabel="context length, characters", ylabel="latency, ms",
               title="latency vs context length (line = linear fit)")  # fmt: skip
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.legend(fontsize=8)
+    common.save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -296,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     scores = {n: squad_scores({q: a["text"] for q, a in p.items()}, gold) for n, p in predictions.items()}
     print(f"scores {scores}", flush=True)
     theirs = predictions["transformers"]
-    command = " ".join(["python -m benchmarks.qa_vs_pipeline", *(sys.argv[1:] if argv is None else argv)])
-    settings = {"command": command, "quick": args.quick, "data": str(args.data), "articles": described,
-                "bundle": str(bundle), "checkpoint": str(checkpoint), "checkpoint_source": how}  # fmt: skip
+    settings = {"command": common.command("qa_vs_pipeline", argv), "quick": args.quick,
+                "data": str(args.data), "articles": described, "bundle": str(bundle),
+                "checkpoint": str(checkpoint), "checkpoint_source": how}  # fmt: skip
     settings |= {k: getattr(args, k) for k in ("variants", "sizes", "repeats")}
     settings |= {"baseline": baseline_kind, "threads": args.threads, "seed": args.seed}
     report = {

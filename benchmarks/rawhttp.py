@@ -1,11 +1,7 @@
-"""A lean HTTP/1.1 keep-alive client over asyncio streams, for load the client must not limit.
-
-On a small machine the load generator shares the CPU with the server it measures, so the
-client's CPU per request is taken from the server. Measured (docs/decisions.md, http_clients):
-httpx spends 0.5-1.9 ms of CPU per request, aiohttp 0.08-0.10 ms, this client 0.02-0.03 ms. Here a
-request is pre-encoded bytes and a response is parsed just enough for its status, headers and
-body (Content-Length or chunked), as wrk does. Used by benchmarks/loadgen.py and the
-reliability tests.
+"""A lean HTTP/1.1 keep-alive client over asyncio streams, for load the client must not limit: on a
+small machine the client's CPU is taken from the server it measures (docs/decisions.md, http_clients:
+httpx 0.5-1.9 ms of CPU per request, aiohttp 0.08-0.10 ms, this 0.02-0.03 ms). Requests are
+pre-encoded bytes; responses are parsed just enough for status, headers and body, as wrk does.
 """
 
 from __future__ import annotations
@@ -71,23 +67,17 @@ async def read_response(reader: asyncio.StreamReader) -> RawResponse:
 
 @dataclass
 class ConnectionPool:
-    """Keep-alive connections to one host; a request takes an idle one or opens a new one.
-
-    A connection that failed, timed out or was closed by the server is dropped, so a late
-    response is never read as the next request's.
-    """
+    """Keep-alive connections to one host. A connection that failed, timed out or was closed by the
+    server is dropped, so a late response is never read as the next request's."""
 
     host: str
     port: int
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
 
     async def request(self, raw: bytes, timeout_s: float = 30.0) -> RawResponse:
-        """Send pre-encoded bytes. Raises TimeoutError, or HTTPError for a broken exchange.
-
-        An idle connection the server has closed (its keep-alive timeout) is dropped, and a reused
-        one that closes before answering a single byte is retried once on a new connection, as
-        httpx and browsers do: the server closed it idle, so it never saw the request.
-        """
+        """Send pre-encoded bytes; TimeoutError, or HTTPError for a broken exchange. A reused connection
+        that closes before answering a byte (the server closed it idle, so it never saw the request) is
+        retried once on a new one, as httpx and browsers do."""
         while self.idle:
             reader, writer = self.idle.pop()
             if reader.at_eof() or writer.is_closing():

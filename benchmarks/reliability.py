@@ -4,7 +4,6 @@ marks its events, the per-second timeline of the answers, and the PASS/FAIL repo
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -87,16 +86,6 @@ def plot_timeline(ax: Any, bins: list[dict[str, Any]], events: list[dict[str, An
                     rotation=90, va="top", ha="right", fontsize=7)  # fmt: skip
     ax.set(yscale="log", xlabel="seconds since the start (request sent)", ylabel="latency, ms", title=title)
     ax.legend(loc="lower right", fontsize=7)
-
-
-def save(fig: Any, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    common.pyplot().close(fig)
-
-
-def command(module: str, argv: list[str] | None) -> str:
-    return " ".join([f"python -m benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)])
 
 
 def markdown(title: str, report: dict[str, Any], body: list[str]) -> str:

@@ -1,12 +1,7 @@
-"""Sentence ranking on held-out SQuAD articles: the reranker default against a bi-encoder and BM25.
+"""Sentence ranking on held-out SQuAD articles: the reranker default (`/rerank`) against a bi-encoder
+(`/similarity`) and BM25 (Okapi, k1 1.2, b 0.75, Lucene's idf), on the same questions.
 
     python -m benchmarks.rerank_quality [--url URL] [--bundles .cache/bundles]
-
-Every question of the reranker recipe's held-out articles (the 5 the QA default holds out) ranks the
-sentences of its paragraph (train/squad_sentences.py: the one holding the answer is relevant), by three
-methods on exactly the same questions: the reranker on `POST /rerank`, the bi-encoder on
-`POST /similarity`, and BM25 (Okapi, k1 1.2, b 0.75, Lucene's idf; lower-cased word
-tokens, statistics over the held-out sentences). Results: benchmarks/results/rerank_quality.{json,md}.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import bench_common as common
-from benchmarks.live_quality import command, parser, served_variants, service, validation
+from benchmarks.live_quality import parser, served_variants, service, validation
 from processing.metrics import ranking_scores
 from train.readers import read_squad
 from train.recipes import recipes
@@ -66,19 +61,16 @@ def held_out_questions(recipe_data: list[str]) -> list[RankingQuestion]:
 
 
 def rerank_scores(client: httpx.Client, model: str, q: RankingQuestion) -> list[float]:
-    r = client.post("/rerank", json={"query": q.question, "texts": q.sentences, "model": model})
-    r.raise_for_status()
+    body = {"query": q.question, "texts": q.sentences, "model": model}
     scores = [0.0] * len(q.sentences)
-    for item in r.json():
+    for item in client.post("/rerank", json=body).raise_for_status().json():
         scores[item["index"]] = item["score"]
     return scores
 
 
 def similarity_scores(client: httpx.Client, model: str, q: RankingQuestion) -> list[float]:
     body = {"inputs": {"source_sentence": q.question, "sentences": q.sentences}, "model": model}
-    r = client.post("/similarity", json=body)
-    r.raise_for_status()
-    return r.json()
+    return client.post("/similarity", json=body).raise_for_status().json()
 
 
 def live_scores(url: str, args, questions: list[RankingQuestion]) -> dict[str, list[list[float]]]:
@@ -135,7 +127,7 @@ def main() -> None:
     versus = {b: paired(scores["reranker"], scores[b], relevant) for b in ("bm25", "bi-encoder")}
     articles = sorted({q.group for q in questions})
     report = {
-        "command": command("rerank_quality"),
+        "command": common.command("rerank_quality"),
         "machine": common.machine_info(),
         "route": "rerank",
         "models": {"reranker": args.reranker, "bi-encoder": args.embedder},

@@ -1,15 +1,10 @@
-"""The service benchmark: our server against its bare model and against the servers users pick instead.
+"""The service benchmark: our server against its bare model and against the servers users pick instead
+(how to read it: benchmarks/README.md; targets and tables: service_report.py).
 
     python -m benchmarks.service_bench                     # in-repo servers, c=1,8,32,64, 20 s per level
     python -m benchmarks.service_bench --quick             # smoke run: c=1,8, 2 s per level
     python -m benchmarks.service_bench --endpoints embed,classify --servers all --rounds 2 --duration 5 \
         --concurrency 1,32 --name peers                    # every peer, each in its own environment
-
-A server is a server (SERVERS): ours, its variants and `--ablation`s, the floors in this environment
-and the real peers in theirs (peer_envs.py). One at a time, in an order that rotates each round:
-fixed probes (compared with ours), then closed-loop load from loadgen.py at each workload in its
-protocol, with its CPU per request; then our bare model on the same payloads (model_only.py).
-Targets and tables: service_report.py. How to read it: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -221,11 +216,7 @@ def model_only(bundle: Path, endpoint: str, args, served: dict[str, int]) -> dic
     """ORT alone on the same payloads. One request: the server's session (its threads). Batched:
     the best over batch sizes and layouts (one session with every core; one single-threaded
     session per core side by side; the server's own)."""
-    from benchmarks.model_only import (
-        BundleModel,
-        batched_reference,
-        single_request_reference,
-    )
+    from benchmarks.model_only import BundleModel, batched_reference, single_request_reference
 
     rng = random.Random(0)  # the same payload pool the load generator draws from
     payloads = [make_payload(endpoint, rng) for _ in range(loadgen.POOL_SIZE)]
@@ -315,9 +306,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"ours-{name}": dict(item.split("=", 1) for item in settings.split(","))
             for name, _, settings in (a.partition(":") for a in args.ablation)
         }
-        args.concurrency = [
-            int(c) for c in (args.concurrency or ("1,8" if args.quick else "1,8,32,64")).split(",")
-        ]
+        levels = args.concurrency or ("1,8" if args.quick else "1,8,32,64")
+        args.concurrency = [int(c) for c in levels.split(",")]
         args.workloads = [
             (w, int(c))
             for w, _, c in (item.rpartition(":") for item in (args.workloads or "").split(",") if item)
@@ -356,8 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         "created_at": common.now(),
         "machine": common.machine_info(),
         "settings": {
-            "command": "python -m benchmarks.service_bench "
-            + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": common.command("service_bench", argv),
             **{k: getattr(args, k) for k in ("concurrency", "duration", "warmup", "model_seconds", "rounds")},
             "variant": VARIANT,
             "ablations": args.ablations,

@@ -9,15 +9,11 @@ from typing import Any
 from benchmarks import bench_common as common
 
 # Issue 30: against the bare model, with every default loaded, and against the fastest real peer.
-TARGET_C32_FRACTION = 0.85  # c=32 throughput / the bare model's best batched throughput
-OVERHEAD_FIXED_MS = 1.0  # c=1 p50 <= bare model's p50 + this
-TARGET_DEFAULTS_FRACTION = 0.95  # c=32 with every default loaded / alone
-TARGET_VS_PEER: dict[Any, float] = {32: 1.5, 1: 1.0, "embed-32": 1.0}  # c=32, c=1, 32 texts/request
 TARGETS = {
-    "c32_fraction_of_model_batched": TARGET_C32_FRACTION,
-    "c1_p50_overhead_ms": OVERHEAD_FIXED_MS,
-    "c32_defaults_loaded_vs_alone": TARGET_DEFAULTS_FRACTION,
-    "vs_fastest_peer": {str(k): v for k, v in TARGET_VS_PEER.items()},
+    "c32_fraction_of_model_batched": 0.85,  # c=32 throughput / the bare model's best batched throughput
+    "c1_p50_overhead_ms": 1.0,  # c=1 p50 <= bare model's p50 + this
+    "c32_defaults_loaded_vs_alone": 0.95,  # c=32 with every default loaded / alone
+    "vs_fastest_peer": {"32": 1.5, "1": 1.0, "embed-32": 1.0},  # c=32, c=1, 32 texts/request
 }
 FLOORS = ("ort", "pipeline", "st")  # references in this environment, never "the fastest peer"
 
@@ -36,9 +32,8 @@ def median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
     levels = []
     for rows in zip(*(run["levels"] for run in good), strict=True):
         ranked = sorted(rows, key=lambda row: row["throughput_rps"])
-        levels.append(
-            {**ranked[(len(ranked) - 1) // 2], "throughput_rps_by_round": [r["throughput_rps"] for r in rows]}
-        )
+        rates = [r["throughput_rps"] for r in rows]
+        levels.append({**ranked[(len(ranked) - 1) // 2], "throughput_rps_by_round": rates})
     return {
         **good[0],
         "rounds": len(good),
@@ -79,8 +74,8 @@ def targets(entry: dict[str, Any]) -> dict[str, Any]:
             "model_layout": ref["batched_layout"],
             "model_batch_size": ref["batched"]["best_batch_size"],
             "fraction": round(fraction, 3),
-            "target": TARGET_C32_FRACTION,
-            "passed": fraction >= TARGET_C32_FRACTION,
+            "target": TARGETS["c32_fraction_of_model_batched"],
+            "passed": fraction >= TARGETS["c32_fraction_of_model_batched"],
         }
     if ref and 1 in ours and ours[1]["latency_ms"]["p50"] is not None:
         service, model_ms = ours[1]["latency_ms"]["p50"], ref["single_request"]["p50_ms"]
@@ -88,8 +83,8 @@ def targets(entry: dict[str, Any]) -> dict[str, Any]:
             "service_ms": service,
             "model_only_ms": model_ms,
             "overhead_ms": round(service - model_ms, 3),
-            "allowed_ms": round(model_ms + OVERHEAD_FIXED_MS, 3),
-            "passed": service <= model_ms + OVERHEAD_FIXED_MS,
+            "allowed_ms": round(model_ms + TARGETS["c1_p50_overhead_ms"], 3),
+            "passed": service <= model_ms + TARGETS["c1_p50_overhead_ms"],
         }
     loaded = {r["concurrency"]: r for r in entry["servers"].get("ours-defaults", {}).get("levels", [])}
     if 32 in ours and 32 in loaded and ours[32]["throughput_rps"]:
@@ -98,11 +93,12 @@ def targets(entry: dict[str, Any]) -> dict[str, Any]:
             "alone_rps": ours[32]["throughput_rps"],
             "defaults_loaded_rps": loaded[32]["throughput_rps"],
             "fraction": round(fraction, 3),
-            "target": TARGET_DEFAULTS_FRACTION,
-            "passed": fraction >= TARGET_DEFAULTS_FRACTION,
+            "target": TARGETS["c32_defaults_loaded_vs_alone"],
+            "passed": fraction >= TARGETS["c32_defaults_loaded_vs_alone"],
         }
     for row in rows:
-        wanted = TARGET_VS_PEER.get("embed-32" if row.get("workload") == "embed-32" else row["concurrency"])
+        workload = "embed-32" if row.get("workload") == "embed-32" else str(row["concurrency"])
+        wanted = TARGETS["vs_fastest_peer"].get(workload)
         peer = fastest_peer(entry, key(row))
         if wanted is None or peer is None:
             continue
@@ -207,9 +203,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 def plot(report: dict[str, Any], path: Path) -> None:
     """Per endpoint: throughput and p50 of every server at each workload, the bare model's lines."""
-    plt = common.pyplot()
     names = list(report["endpoints"])
-    fig, axes = plt.subplots(len(names), 2, figsize=(12, 4.2 * len(names)), squeeze=False)
+    fig, axes = common.pyplot().subplots(len(names), 2, figsize=(12, 4.2 * len(names)), squeeze=False)
     for row, endpoint in zip(axes, names, strict=True):
         entry = report["endpoints"][endpoint]
         servers = {n: r for n, r in entry["servers"].items() if "levels" in r}
@@ -231,6 +226,4 @@ def plot(report: dict[str, Any], path: Path) -> None:
             ax.legend(fontsize=7, ncol=2)
         row[1].set_yscale("log")
     fig.suptitle(f"Service vs bare model and peers: {common.cpu_label(report['machine'])}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)

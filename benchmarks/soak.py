@@ -1,12 +1,9 @@
 """Soak test: the real server at half its saturating rate for a long time, watching memory and errors.
+Passes (exit 0) when no request failed or was dropped, RSS grew less than --max-growth-pct after the
+warm-up, and the server shut down cleanly.
 
     .venv/bin/python -m benchmarks.soak --models-dir models                  # 30 minutes
     .venv/bin/python -m benchmarks.soak --tiny --duration 60 --name soak_quick  # 1-minute smoke run
-
-Finds the server's saturating rate (a short closed-loop run of loadgen's mix), then sends that mix
-open loop at --fraction of it for --duration seconds, sampling the server's RSS. Passes (exit 0) when
-no request failed or was dropped, RSS grew less than --max-growth-pct after the warm-up, and the
-server shut down cleanly. Writes benchmarks/results/<name>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -96,7 +93,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.axvline(report["warmup_s"], linestyle="--", color="grey", label="end of warm-up")
     ax.set(xlabel="time (s)", ylabel="server RSS (MB)", title=f"Soak at {report['rate_rps']} req/s")
     ax.legend()
-    rel.save(fig, path)
+    common.save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -158,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup if args.warmup is not None else round(0.1 * args.duration, 1)
     rss = rss_growth(samples, warmup)
     report = {
-        "command": rel.command("soak", argv),
+        "command": common.command("soak", argv),
         "date": common.now(),
         "machine": machine,
         "models_dir": str(models_dir),  # repo-relative in the results (write_results)
@@ -182,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         "load": load,  # loadgen's report; its config masks the API key
         "samples": samples,
     }
-    print(f"{load['requests']} requests, {load['errors']} errors, {load['dropped']} dropped; RSS "
-          f"{rss['baseline_mb']} -> {rss['final_mb']} MB ({rss['growth_pct']:+}%)")
+    print(
+        f"{load['requests']} requests, {load['errors']} errors, {load['dropped']} dropped; RSS "
+        f"{rss['baseline_mb']} -> {rss['final_mb']} MB ({rss['growth_pct']:+}%)"
+    )
     return rel.finish(args.out, args.name, report, markdown(report), lambda path: plot(report, path))
 
 

@@ -15,7 +15,6 @@ LIMIT = 410  # "about 400"
 
 LONGER: dict[str, str] = {
     "model/bert.py": "nanoGPT-style: the whole network and every task head in one readable file",
-    "benchmarks/loadgen.py": "the load generator: closed/open-loop clients and their latency statistics",
     "train/features.py": "every task's training features and metrics, one class per task (like the heads)",
     "train/train.py": "`python -m train`: its command line beside the run it drives, read top to bottom",
     "train/trainer.py": "the training loop: steps, evaluation, best checkpoint, resume, TensorBoard",

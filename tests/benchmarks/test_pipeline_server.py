@@ -13,7 +13,6 @@ from benchmarks.pipeline_server import (
     HFQuestionAnswering,
     QASettings,
     create_app,
-    make_qa_baseline,
     qa_settings_from_bundle,
 )
 
@@ -135,7 +134,7 @@ def test_qa_recipe_windows_top_k_and_no_answer(tiny_checkpoints):
 def test_qa_baseline_choice_and_bundle_settings(tiny_checkpoints, tiny_bundles):
     import transformers
 
-    baseline = make_qa_baseline(tiny_checkpoints["qa"], QA)
+    baseline = HFQuestionAnswering(tiny_checkpoints["qa"], QA)
     has_pipeline = transformers.__version__.split(".")[0] < "5"
     assert isinstance(baseline, HFQuestionAnswering) != has_pipeline
     from export.bundle import load_bundle_manifest

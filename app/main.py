@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import threading
@@ -125,6 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await state.loader
             await control.close()
+            gc.unfreeze()  # settle_heap's objects: collectable again once the app is gone
             restore_signals()
             log.info("shutdown complete")
             flush_logs()

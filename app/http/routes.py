@@ -32,6 +32,7 @@ from app.core.services import (
 from app.core.task_service import TaskService, Timings
 from app.errors import NoModel, Unauthorized
 from app.http.errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
+from app.http.lean_route import LeanRoute
 from app.http.middleware import MODEL_SCOPE_KEY
 from app.http.rerank_schemas import (
     InfinityRerankRequest,
@@ -72,8 +73,9 @@ from processing.tasks import TASKS
 
 # Every route of `router` needs the API key when one is set: main.py includes it with the AUTH
 # dependency then, and without it otherwise (a no-op dependency still costs each request ~20 us).
+# Its task routes skip FastAPI's generic request handling in the plain case (app/http/lean_route.py).
 # `open_router`: liveness, readiness and metrics, never behind the key.
-router = APIRouter()
+router = APIRouter(route_class=LeanRoute)
 open_router = APIRouter()
 
 

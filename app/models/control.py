@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 
-from app.backend.runtime import resolve_batch_tokens, resolve_padding_factor
+from app.backend.runtime import resolve_batch_tokens, resolve_padding_factor, settle_heap
 from app.core.batcher import Batcher
 from app.core.services import make_service
 from app.errors import MemoryLimitExceeded, NoModel, VersionRejected
@@ -42,6 +42,7 @@ class ModelControl:
                 with contextlib.suppress(VersionRejected, NoModel):
                     await self._load(model, fall_back=True)
         self.registry.load_finished = True
+        settle_heap()
         interval = self.settings.model_poll_s
         while interval > 0:
             await asyncio.sleep(interval)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from app.backend.runtime import YOUNG_OBJECTS
 from app.main import ServiceState, _hook_termination, create_app
 from app.models import loader
 from app.models.registry import ConfigError
@@ -153,6 +155,17 @@ async def test_cuda_session_that_falls_back_fails_the_bundle(make_models_dir, mo
         r = await wait_ready(client)
         assert r.status_code == 503 and "Refusing to fall back" in r.json()["errors"]["classify"]
         assert (await client.post("/classify", json={"text": "good"})).status_code == 503
+
+
+async def test_loaded_heap_is_settled_and_released_at_shutdown(models_dir):
+    gc.unfreeze()
+    async with serving(models_dir, ready=False) as (app, client):
+        assert (await wait_ready(client)).status_code == 200
+        while not app.state.service_state.registry.load_finished:
+            await asyncio.sleep(0.01)
+        assert gc.get_freeze_count() > 10_000  # the app, its schemas and the models' Python side
+        assert gc.get_threshold()[0] == YOUNG_OBJECTS
+    assert gc.get_freeze_count() == 0  # collectable again once the app is gone
 
 
 async def test_shutdown_turns_readiness_off_and_finishes_in_flight(models_dir):

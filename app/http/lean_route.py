@@ -8,7 +8,7 @@ For a request in the plain case (`application/json`, a body that validates in py
 `LeanRoute` validates and calls the endpoint directly and serializes with FastAPI's own
 `serialize_response`. Everything else (another content type, an empty or invalid body, telemetry
 configured) goes to FastAPI's handler, so errors, their bodies and their order are FastAPI's.
-tests/test_lean_route.py checks both paths answer alike.
+tests/app/test_lean_route.py checks both paths answer alike.
 """
 
 from __future__ import annotations
@@ -42,14 +42,17 @@ class LeanRoute(APIRoute):
         return lean if lean is not None else full
 
 
+def _has_parameters(dependant: Any) -> bool:
+    """Path, query, header or cookie parameters: FastAPI's handler reads them from the request."""
+    d = dependant
+    return bool(d.path_params or d.query_params or d.header_params or d.cookie_params)
+
+
 def _lean_handler(route: Any, full: Handler) -> Handler | None:
     """The lean handler of `route`, or None when the route is not of the one shape it handles."""
     dependant = route.dependant
     if (
-        dependant.path_params
-        or dependant.query_params
-        or dependant.header_params
-        or dependant.cookie_params
+        _has_parameters(dependant)
         or len(dependant.body_params) != 1
         or dependant.background_tasks_param_name
         or route._embed_body_fields
@@ -65,10 +68,7 @@ def _lean_handler(route: Any, full: Handler) -> Handler | None:
     for sub in dependant.dependencies:
         if (
             sub.dependencies
-            or sub.path_params
-            or sub.query_params
-            or sub.header_params
-            or sub.cookie_params
+            or _has_parameters(sub)
             or sub.body_params
             or sub.response_param_name
             or not sub.request_param_name

@@ -12,10 +12,9 @@ import copy
 import json
 import logging
 import queue
+import random
 import re
 import threading
-import time
-import uuid
 from contextvars import ContextVar
 from datetime import datetime, timezone
 
@@ -30,7 +29,9 @@ _HANDLER_MARK = "_bert_json_handler"
 def new_request_id(incoming: str | None) -> str:
     if incoming and _SAFE_ID.match(incoming):
         return incoming
-    return uuid.uuid4().hex
+    # Unique, not secret: Mersenne Twister bits (seeded from os.urandom, reseeded in forked
+    # workers) in uuid4().hex's shape, without its getrandom syscall per request.
+    return f"{random.getrandbits(128):032x}"
 
 
 class JsonFormatter(logging.Formatter):
@@ -58,10 +59,12 @@ class JsonFormatter(logging.Formatter):
 
 class LogWriter:
     """A bounded queue of records and the daemon thread that writes them. When the queue is full
-    (the stream blocks), records are dropped and counted, and the count is logged once it drains."""
+    (the stream blocks), records are dropped and counted, and the count is logged once it drains.
+    A SimpleQueue: its put is one C call, where queue.Queue's takes two locks and a notify."""
 
     def __init__(self, capacity: int = 10_000):
-        self.queue: queue.Queue[logging.LogRecord] = queue.Queue(capacity)
+        self.capacity = capacity
+        self.queue: queue.SimpleQueue[logging.LogRecord | threading.Event] = queue.SimpleQueue()
         self.handler: logging.Handler = logging.StreamHandler()
         self._dropped = 0
         self._lock = threading.Lock()
@@ -69,11 +72,11 @@ class LogWriter:
         self._thread.start()
 
     def put(self, record: logging.LogRecord) -> None:
-        try:
-            self.queue.put_nowait(record)
-        except queue.Full:
+        if self.queue.qsize() >= self.capacity:
             with self._lock:
                 self._dropped += 1
+            return
+        self.queue.put(record)
 
     def _take_dropped(self) -> int:
         with self._lock:
@@ -83,6 +86,9 @@ class LogWriter:
     def _run(self) -> None:
         while True:
             record = self.queue.get()
+            if isinstance(record, threading.Event):  # a flush waiting for what came before it
+                record.set()
+                continue
             try:
                 self.handler.handle(record)
                 dropped = self._take_dropped()
@@ -100,17 +106,12 @@ class LogWriter:
                     )
             except Exception:  # noqa: BLE001 - the writer thread must outlive a bad record
                 pass
-            finally:
-                self.queue.task_done()
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Wait until every queued record is written (shutdown, tests); False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while self.queue.unfinished_tasks:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.001)
-        return True
+        """Wait until every record queued so far is written (shutdown, tests); False on timeout."""
+        written = threading.Event()
+        self.queue.put(written)  # FIFO: set once everything before it is written
+        return written.wait(timeout_s)
 
 
 class QueuedHandler(logging.Handler):
@@ -122,11 +123,12 @@ class QueuedHandler(logging.Handler):
         self.writer = writer
 
     def emit(self, record: logging.LogRecord) -> None:
-        record = copy.copy(record)
-        record.msg, record.args = record.getMessage(), None
         if record.exc_info:
+            # A copy: handlers after this one (pytest's) still see the traceback object.
+            record = copy.copy(record)
             record.exc_text = logging.Formatter().formatException(record.exc_info)
             record.exc_info = None
+        record.msg, record.args = record.getMessage(), None
         record._request_id = request_id_var.get()
         self.writer.put(record)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 
-from app.observe.logs import JsonFormatter, LogWriter, QueuedHandler, request_id_var
+from app.observe.logs import JsonFormatter, LogWriter, QueuedHandler, new_request_id, request_id_var
 
 
 class Collect(logging.Handler):
@@ -72,3 +73,10 @@ def test_a_blocked_stream_drops_and_counts_instead_of_blocking():
     # At most one record in the writer's hands and two queued: the rest were dropped and counted.
     assert len(written) in (2, 3) and dropped[0]["dropped"] == 10 - len(written)
     assert written == [f"line {n}" for n in range(len(written))] and messages[-1] == "after"
+
+
+def test_request_ids_are_kept_when_safe_and_otherwise_fresh_and_distinct():
+    assert new_request_id("client-42.a:b") == "client-42.a:b"
+    made = [new_request_id(incoming) for incoming in [None, "", "has space", "x" * 129] * 250]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", rid) for rid in made)
+    assert len(set(made)) == len(made)

@@ -53,8 +53,10 @@ STAGES += ["write", "http in (uvicorn)", "routing/middleware", "metrics/logs", "
 STAGES += ["asyncio machinery", "other", "idle"]
 RATE = 200  # py-spy samples per second
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
+# The log writer waits in SimpleQueue.get, a C call: its own frame is then the innermost.
 IDLE_LEAVES = re.compile(
     r"Runner\.run \(asyncio/runners\.py|run \(uvloop/|threading\.py|queue\.py|concurrent/futures/thread\.py"
+    r"|LogWriter\._run \(app/observe/logs\.py"
 )
 _COMPILED = [(stage, re.compile(f), re.compile(p)) for stage, f, p in RULES]
 

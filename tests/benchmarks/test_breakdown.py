@@ -34,6 +34,10 @@ def test_each_sample_goes_to_its_innermost_named_stage():
     )
     assert stage_of([*cycle, "mystery (somewhere.py:1)"]) == "asyncio machinery"  # the loop's own frame
     assert stage_of(["<module> (x.py:1)", "mystery (somewhere.py:1)"]) == "other"
+    # The log writer blocked in SimpleQueue.get (C) waits; formatting a record is logging work.
+    writer = ["Thread.run (threading.py:982)", "LogWriter._run (app/observe/logs.py:90)"]
+    assert stage_of(writer) == "idle"
+    assert stage_of([*writer, "Handler.handle (logging/__init__.py:1)"]) == "metrics/logs"
 
 
 def test_samples_become_thread_time_per_request():

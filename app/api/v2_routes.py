@@ -1,6 +1,6 @@
 """The Open Inference Protocol's HTTP/REST routes (KServe V2, Triton): health, metadata and
-inference for every model, whatever its task. The tensors <-> task mapping is app/http/v2.py; errors get
-the protocol's {"error": message} body from app/http/errors.py, as every route under /v2 does."""
+inference for every model, whatever its task. The tensors <-> task mapping is app/api/v2.py; errors get
+the protocol's {"error": message} body from app/api/error_table.py, as every route under /v2 does."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.types import Message
 
-from app.core.scheduling import schedule_for
-from app.core.task_service import Timings
-from app.http import v2, v2_binary
-from app.http.errors import NOT_READY, V2_RESPONSES
-from app.http.routes import not_serving, readiness, require_api_key, run_leased, state_of
-from app.http.v2_schemas import (
+from app.api.scheduling import schedule_for
+from app.api.serving.task_service import Timings
+from app.api import v2, v2_binary
+from app.api.error_table import NOT_READY, V2_RESPONSES
+from app.api.routes import not_serving, readiness, require_api_key, run_leased, state_of
+from app.api.v2_schemas import (
     V2InferRequest,
     V2InferResponse,
     V2Live,
@@ -26,8 +26,8 @@ from app.http.v2_schemas import (
     V2Ready,
     V2ServerMetadata,
 )
-from app.models.loader import Bundle
-from app.models.registry import Model
+from app.engine.loader import Bundle
+from app.engine.registry import Model
 from processing.tasks import TASKS
 
 SERVER_NAME = "bert-serving"

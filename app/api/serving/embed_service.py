@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.core.task_service import (
+from app.api.serving.task_service import (
     ModelVersion,
     TaskService,
     Timings,
@@ -17,7 +17,7 @@ from app.core.task_service import (
     sequence_items,
 )
 from app.errors import InputTooLong, InvalidInput, TooManyInputs
-from app.http.schemas import (
+from app.api.schemas import (
     EmbeddingData,
     EmbeddingUsage,
     EmbedOptions,

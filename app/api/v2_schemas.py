@@ -1,6 +1,6 @@
 """The Open Inference Protocol's JSON objects (KServe V2; Triton's HTTP/REST API), as the
 specification names their fields. Tensor data are JSON arrays, nested or flat, in row-major order, or
-binary after the JSON (Triton's binary tensor data extension: app/http/v2_binary.py)."""
+binary after the JSON (Triton's binary tensor data extension: app/api/v2_binary.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.http.schemas import Strict
+from app.api.schemas import Strict
 
 Scalar = str | int | float | bool  # a parameter's value
 Parameters = dict[str, Scalar]

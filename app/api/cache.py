@@ -1,8 +1,8 @@
 """The response cache (RESPONSE_CACHE_MB): serialized answers of the task routes, least recently
-used first out, within a byte budget. No HTTP here: app/http/routes.py (run_leased) asks and fills it.
+used first out, within a byte budget. No HTTP here: app/api/routes.py (run_leased) asks and fills it.
 
 A key names the model, its version, the route and the request in canonical form, so a new version
-never answers from an old one's entries; those are dropped when it is swapped out (app/models/control.py).
+never answers from an old one's entries; those are dropped when it is swapped out (app/engine/control.py).
 Only answers computed in full are stored: a failure raises before anything is put.
 """
 

@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from app.core.batch_types import ItemResult, Schedule, WorkItem
+from app.engine.batch_types import ItemResult, Schedule, WorkItem
 from app.errors import TextTooLong
 from app.observe.metrics import Metrics
 from app.settings import Settings
 from processing.tokenizer import Encoding, default_window_overlap
 
 if TYPE_CHECKING:
-    from app.core.batcher import Batcher
+    from app.engine.batcher import Batcher
     from export.bundle import BundleManifest
     from processing.tokenizer import TextTokenizer
 
@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 
 class ModelVersion(Protocol):
-    """What a service is made from: one loaded version of a model (app/models/loader.Bundle)."""
+    """What a service is made from: one loaded version of a model (app/engine/loader.Bundle)."""
 
     name: str
     task: str | None

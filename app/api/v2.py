@@ -1,5 +1,5 @@
 """KServe V2 / Open Inference Protocol for every task: V2 tensors in, the task's own requests out,
-and its own answers back as V2 tensors. No HTTP here: the routes are app/http/v2_routes.py.
+and its own answers back as V2 tensors. No HTTP here: the routes are app/api/v2_routes.py.
 
 Each task's tensors are declared once, in its TaskSpec (processing/tasks.py, `v2`). The first
 axis of every tensor is the batch: row i of the inputs becomes the task's i-th native request,
@@ -21,22 +21,22 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from app.core.batch_types import Priority
-from app.core.scheduling import MAX_TIMEOUT_MS, priority_of, timeout_ms_of
-from app.core.task_service import TaskService, Timings
+from app.engine.batch_types import Priority
+from app.api.scheduling import MAX_TIMEOUT_MS, priority_of, timeout_ms_of
+from app.api.serving.task_service import TaskService, Timings
 from app.errors import InvalidTensor, RequestError, TooManyInputs
-from app.http import schemas
-from app.http.v2_schemas import V2InferRequest, V2ModelMetadata, V2OutputTensor, V2TensorMetadata
+from app.api import schemas
+from app.api.v2_schemas import V2InferRequest, V2ModelMetadata, V2OutputTensor, V2TensorMetadata
 from processing.tasks import TaskSpec, Tensor
 
 PLATFORM = "onnx_onnxv1"  # the Open Inference Protocol's name for an ONNX Runtime model
 # Server extensions: request `parameters` (Triton's "parameters"), Triton's schedule policy, and
-# Triton's binary tensor data (app/http/v2_binary.py).
+# Triton's binary tensor data (app/api/v2_binary.py).
 EXTENSIONS = ["parameters", "schedule_policy", "binary_tensor_data"]
 # Not options: the model is in the path, and the batch is the tensors' first axis (not `inputs`).
 NOT_PARAMETERS = {"model", "inputs", "timeout_ms", "priority"}
 # MLServer's and KServe's codec hint (text is text here), and the binary tensor data extension's
-# parameters, which app/http/v2_binary.py has applied before the tensors get here.
+# parameters, which app/api/v2_binary.py has applied before the tensors get here.
 IGNORED_PARAMETERS = {"content_type", "binary_data", "binary_data_output", "binary_data_size"}
 PYTHON_TYPES = {"BYTES": str, "FP32": float, "INT64": int, "BOOL": bool}
 DEFAULTS = {"BYTES": "", "FP32": 0.0, "INT64": 0, "BOOL": False}  # an output whose field is absent

@@ -1,7 +1,7 @@
 """Live model control: load a model's newest verified version, swap it in atomically, retire or
 unload versions once their requests are answered, and follow MODELS_DIR (MODEL_POLL_S).
 
-A new version is built and checked aside (app/models/loader.py: hashes, sessions, warm-up, output check,
+A new version is built and checked aside (app/engine/loader.py: hashes, sessions, warm-up, output check,
 memory) and swapped in with one assignment on the event loop. Requests already admitted hold a
 lease on the version they started on (Registry.lease) and finish there; the old version is closed
 once its last lease is returned. A version that fails its checks is recorded in /models and logged,
@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 import logging
 
-from app.backend.runtime import resolve_batch_tokens, resolve_padding_factor, settle_heap
-from app.core.batcher import Batcher
-from app.core.services import make_service
+from app.engine.runtime import resolve_batch_tokens, resolve_padding_factor, settle_heap
+from app.engine.batcher import Batcher
+from app.api.serving.services import make_service
 from app.errors import MemoryLimitExceeded, NoModel, VersionRejected
-from app.models.loader import MB, Bundle, build, collate_for
-from app.models.registry import Model, Registry, log_failure
-from app.models.repository import VersionDir, check_model_name, fingerprint, model_versions, scan
+from app.engine.loader import MB, Bundle, build, collate_for
+from app.engine.registry import Model, Registry, log_failure
+from app.engine.repository import VersionDir, check_model_name, fingerprint, model_versions, scan
 from export.bundle import MANIFEST_NAME, BundleError
 
 log = logging.getLogger("app.control")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from app.errors import ServiceError
-from app.http.service_schemas import ModelInfo, ModelsResponse, OpenAIModel, OpenAIModelList, VersionInfo
-from app.models.loader import MB
-from app.models.registry import Model, Registry
+from app.api.service_schemas import ModelInfo, ModelsResponse, OpenAIModel, OpenAIModelList, VersionInfo
+from app.engine.loader import MB
+from app.engine.registry import Model, Registry
 from export.bundle import VARIANT_NOTES, batch_invariant
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from app.core.batch_types import (
+from app.engine.batch_types import (
     BatcherClosed,
     BatchFailed,
     BatchObserver,
@@ -107,7 +107,7 @@ class Batcher:
         self._worker: asyncio.Task | None = None
         self._closing = False
         self._batch_ids = itertools.count(1)
-        # The runtime must take `concurrency` runs at once (app.backend.runtime.RuntimePool does).
+        # The runtime must take `concurrency` runs at once (app.engine.runtime.RuntimePool does).
         self.concurrency = concurrency
         self._in_flight: set[asyncio.Task] = set()
         # A batch of at most this many padded tokens, alone in an idle model, runs on the event

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.core.batch_types import BatcherClosed, BatchFailed, DeadlineExceeded, QueueFull, TooLarge
+from app.engine.batch_types import BatcherClosed, BatchFailed, DeadlineExceeded, QueueFull, TooLarge
 from app.errors import (
     AdminDisabled,
     BodyTooLarge,
@@ -40,8 +40,8 @@ from app.errors import (
     Unauthorized,
     VersionRejected,
 )
-from app.http.service_schemas import ErrorResponse
-from app.http.v2_schemas import V2ErrorResponse
+from app.api.service_schemas import ErrorResponse
+from app.api.v2_schemas import V2ErrorResponse
 from app.observe.logs import request_id_var
 
 log = logging.getLogger("app.errors")
@@ -94,7 +94,7 @@ ERRORS: dict[type[Exception], Status] = {
     MemoryLimitExceeded: Status(409, "memory_limit"),
     ModelLoading: Status(503, "model_loading", retry=True),
     ModelUnavailable: Status(503, "model_unavailable", retry=True),
-    # the batcher (app/core/batcher.py)
+    # the batcher (app/engine/batcher.py)
     QueueFull: Status(429, "overloaded", retry=True),
     TooLarge: Status(413, "too_large"),
     BatchFailed: Status(500, "inference_failed"),

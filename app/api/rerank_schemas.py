@@ -1,6 +1,6 @@
 """Requests and answers of the routes onto the classify service from other protocols: reranking as
 text-embeddings-inference (/rerank) and Infinity (/v1/rerank, Cohere's shape) speak it, and TEI's
-/predict. The service side is app/core/rerank_service.py."""
+/predict. The service side is app/api/serving/rerank_service.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pydantic import (
     WithJsonSchema,
 )
 
-from app.http.schemas import (
+from app.api.schemas import (
     _TEXT_SCHEMA,
     EmbeddingUsage,
     ModelName,
@@ -27,7 +27,7 @@ from app.http.schemas import (
     _bounded_int,
     _check_text,
 )
-from app.models.repository import MODEL_NAME
+from app.engine.repository import MODEL_NAME
 
 TopN = _bounded_int(1)
 

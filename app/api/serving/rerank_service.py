@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 import uuid
 
-from app.core.services import Classified, ClassifyService
-from app.core.task_service import Timings, long_input_headers
+from app.api.serving.services import Classified, ClassifyService
+from app.api.serving.task_service import Timings, long_input_headers
 from app.errors import NotAReranker
-from app.http.rerank_schemas import (
+from app.api.rerank_schemas import (
     InfinityRerankRequest,
     InfinityRerankResponse,
     Prediction,
@@ -22,7 +22,7 @@ from app.http.rerank_schemas import (
     RerankResponse,
     RerankResult,
 )
-from app.http.schemas import EmbeddingUsage
+from app.api.schemas import EmbeddingUsage
 from app.observe.logs import request_id_var
 from processing import classify as classify_proc
 

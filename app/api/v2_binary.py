@@ -1,11 +1,11 @@
-"""Triton's binary tensor data extension for the V2 routes (app/http/v2_routes.py).
+"""Triton's binary tensor data extension for the V2 routes (app/api/v2_routes.py).
 
 A request body may be a JSON header of `Inference-Header-Content-Length` bytes followed by the
 binary inputs, in input order, each `parameters.binary_data_size` bytes long. Outputs asked for as
 binary (`binary_data` on an output, or `binary_data_output` for all) come back the same way. Data
 are little-endian and row-major; a BYTES element is a 4-byte little-endian length, then its bytes;
 BOOL is one byte. Binary inputs are turned into the JSON form's lists here, so everything after
-(app/http/v2.py) reads both forms alike.
+(app/api/v2.py) reads both forms alike.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 from fastapi import Response
 
 from app.errors import InvalidTensor
-from app.http.v2_schemas import V2InferRequest, V2InferResponse
+from app.api.v2_schemas import V2InferRequest, V2InferResponse
 
 HEADER = "Inference-Header-Content-Length"
 CONTENT_TYPE = "application/octet-stream"  # a header + binary body, as Triton sends it

@@ -16,12 +16,12 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import SecretStr, TypeAdapter
 
-from app.core import rerank_service
-from app.core.batch_types import Schedule
-from app.core.cache import Entry, Key, canonical
-from app.core.embed_service import EmbedService
-from app.core.scheduling import schedule_for
-from app.core.services import (
+from app.api.serving import rerank_service
+from app.engine.batch_types import Schedule
+from app.api.cache import Entry, Key, canonical
+from app.api.serving.embed_service import EmbedService
+from app.api.scheduling import schedule_for
+from app.api.serving.services import (
     ChoiceService,
     ClassifyService,
     NERService,
@@ -29,12 +29,12 @@ from app.core.services import (
     service_of,
     tokenize_texts,
 )
-from app.core.task_service import TaskService, Timings
+from app.api.serving.task_service import TaskService, Timings
 from app.errors import NoModel, Unauthorized
-from app.http.errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
-from app.http.lean_route import LeanRoute
-from app.http.middleware import MODEL_SCOPE_KEY
-from app.http.rerank_schemas import (
+from app.api.error_table import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
+from app.api.lean_route import LeanRoute
+from app.api.middleware import MODEL_SCOPE_KEY
+from app.api.rerank_schemas import (
     InfinityRerankRequest,
     InfinityRerankResponse,
     PredictRequest,
@@ -42,7 +42,7 @@ from app.http.rerank_schemas import (
     RerankRequest,
     RerankResponse,
 )
-from app.http.schemas import (
+from app.api.schemas import (
     ChoiceRequest,
     ChoiceResponse,
     ClassifyBatchResponse,
@@ -59,7 +59,7 @@ from app.http.schemas import (
     SimilarityRequest,
     SimilarityResponse,
 )
-from app.http.service_schemas import (
+from app.api.service_schemas import (
     HealthResponse,
     ModelsResponse,
     OpenAIModelList,
@@ -67,13 +67,13 @@ from app.http.service_schemas import (
     TokenizeRequest,
     TokenOut,
 )
-from app.models.listing import list_models, openai_model_list
-from app.models.loader import Bundle
+from app.api.listing import list_models, openai_model_list
+from app.engine.loader import Bundle
 from processing.tasks import TASKS
 
 # Every route of `router` needs the API key when one is set: main.py includes it with the AUTH
 # dependency then, and without it otherwise (a no-op dependency still costs each request ~20 us).
-# Its task routes skip FastAPI's generic request handling in the plain case (app/http/lean_route.py).
+# Its task routes skip FastAPI's generic request handling in the plain case (app/api/lean_route.py).
 # `open_router`: liveness, readiness and metrics, never behind the key.
 router = APIRouter(route_class=LeanRoute)
 open_router = APIRouter()
@@ -309,7 +309,7 @@ async def similarity(body: SimilarityRequest, request: Request, response: Respon
     return await serve(request, response, EmbedService, body, EmbedService.similarity)
 
 
-# Reranking and TEI's /predict onto the classify service (app/core/rerank_service.py). A rerank
+# Reranking and TEI's /predict onto the classify service (app/api/serving/rerank_service.py). A rerank
 # request without `model` gets the reranker the registry picks (Registry.reranker).
 @router.post(
     "/rerank",

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from app.http.schemas import ModelName, Strict, Text
+from app.api.schemas import ModelName, Strict, Text
 
 
 class FieldError(BaseModel):

@@ -18,8 +18,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from app.core.scheduling import MAX_TIMEOUT_MS, PRIORITY_HEADER, TIMEOUT_HEADER
-from app.models.repository import MODEL_NAME
+from app.api.scheduling import MAX_TIMEOUT_MS, PRIORITY_HEADER, TIMEOUT_HEADER
+from app.engine.repository import MODEL_NAME
 
 
 def _check_text(value: str) -> str:
@@ -98,7 +98,7 @@ PriorityName = Annotated[
 
 class Request(Strict):
     """A task request: the `model` field picks the model by name (see app/README.md); `timeout_ms` and
-    `priority` schedule it (app/core/scheduling.py)."""
+    `priority` schedule it (app/api/scheduling.py)."""
 
     model: ModelName | None = None
     timeout_ms: TimeoutMs | None = None

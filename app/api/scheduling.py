@@ -4,14 +4,14 @@ Every inference request may carry `timeout_ms` (its whole budget, counted from w
 been read) and `priority` (`high` or `normal`): as body fields (schemas.Request), as V2 request
 parameters (also Triton's schedule-policy `priority` levels and `timeout` in microseconds), or as
 the headers below, which work for every route whatever its body. A field wins over a header. The
-batcher (app/core/batcher.py) applies the Schedule: queue policy, no HTTP.
+batcher (app/engine/batcher.py) applies the Schedule: queue policy, no HTTP.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.core.batch_types import Priority, Schedule
+from app.engine.batch_types import Priority, Schedule
 from app.errors import InvalidInput
 
 TIMEOUT_HEADER = "X-Timeout-Ms"

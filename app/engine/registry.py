@@ -2,7 +2,7 @@
 readiness, and the device plan every model's sessions share.
 
 A request leases the version serving its model when it is admitted and returns the lease when it is
-answered (`lease`); app/models/control.py swaps versions in and out around those leases.
+answered (`lease`); app/engine/control.py swaps versions in and out around those leases.
 
 Selection rule: a request's `model` field names a model (its directory in MODELS_DIR); without it,
 the task's default serves: DEFAULT_BUNDLES' choice, else the task's only model. Several models of a
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from app.backend.runtime import (
+from app.engine.runtime import (
     RuntimeConfigError,
     SessionTuning,
     available_providers,
@@ -28,16 +28,16 @@ from app.backend.runtime import (
     resolve_instances,
     session_threads,
 )
-from app.core.batcher import ComputeSlots
-from app.core.cache import ResponseCache
+from app.engine.batcher import ComputeSlots
+from app.api.cache import ResponseCache
 from app.errors import (
     ModelLoading,
     ModelRequired,
     ModelUnavailable,
     NoModel,
 )
-from app.models.loader import MB, Bundle, SessionPlan
-from app.models.repository import VersionDir, model_versions, scan
+from app.engine.loader import MB, Bundle, SessionPlan
+from app.engine.repository import VersionDir, model_versions, scan
 from app.observe.metrics import Metrics
 from app.settings import DEFAULT_ROUTES, Settings, available_cores
 from export.bundle import MANIFEST_NAME, BundleError, load_bundle_manifest

@@ -13,11 +13,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from app.core.batch_types import ItemResult, WorkItem
-from app.core.embed_service import EmbedService
-from app.core.task_service import ModelVersion, TaskService, Timings, check_chars, cpu_step, sequence_items
+from app.engine.batch_types import ItemResult, WorkItem
+from app.api.serving.embed_service import EmbedService
+from app.api.serving.task_service import ModelVersion, TaskService, Timings, check_chars, cpu_step, sequence_items
 from app.errors import InputTooLong, InvalidInput, TooManyChoices, TooManyInputs
-from app.http.schemas import (
+from app.api.schemas import (
     AnswerOut,
     ChoiceRequest,
     ChoiceResponse,
@@ -31,7 +31,7 @@ from app.http.schemas import (
     QARequest,
     QAResponse,
 )
-from app.http.service_schemas import TokenizeRequest, TokenOut
+from app.api.service_schemas import TokenizeRequest, TokenOut
 from app.settings import Settings
 from export.bundle import DEFAULT_QA
 from processing import choice as choice_proc

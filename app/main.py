@@ -23,15 +23,18 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
-from app.engine.runtime import fix_malloc_mmap_threshold
-from app.api.serving.task_service import TEI_HEADERS
 from app.api.admin import router as admin_router
+from app.api.cache import ResponseCache
 from app.api.error_table import install_error_handlers
 from app.api.middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
 from app.api.routes import AUTH, open_router, router
+from app.api.serving.services import make_service
+from app.api.serving.task_service import TEI_HEADERS
 from app.api.v2_routes import router as v2_router
+from app.engine.client import Engine
 from app.engine.control import ModelControl
 from app.engine.registry import Registry
+from app.engine.runtime import fix_malloc_mmap_threshold
 from app.observe.logs import configure_logging, flush_logs
 from app.observe.metrics import Metrics
 from app.settings import Settings
@@ -54,6 +57,7 @@ class ServiceState:
     registry: Registry
     in_flight: InFlight
     control: ModelControl | None = None  # loads, swaps and unloads (app/engine/control.py)
+    cache: ResponseCache | None = None  # answers of the versions in service (RESPONSE_CACHE_MB); None: off
     shutting_down: bool = False
     loader: asyncio.Task | None = field(default=None, repr=False)
 
@@ -98,9 +102,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     configure_logging(settings.log_level)
     metrics = Metrics()
     registry = Registry(settings, metrics)
-    control = ModelControl(registry)
+    budget = int(settings.response_cache_mb * 2**20)
+    cache = ResponseCache(budget, metrics) if budget else None
+    # The engine's model events reach the front end here: a loaded version gets its service, a
+    # retired one's answers leave the cache.
+    engine = Engine()
+    control = ModelControl(
+        registry,
+        engine,
+        make_service=lambda bundle: make_service(bundle, settings, engine),
+        on_retired=cache.drop_version if cache is not None else None,
+    )
     state = ServiceState(
-        settings=settings, metrics=metrics, registry=registry, in_flight=InFlight(metrics), control=control
+        settings=settings,
+        metrics=metrics,
+        registry=registry,
+        in_flight=InFlight(metrics),
+        control=control,
+        cache=cache,
     )
 
     @asynccontextmanager

@@ -17,7 +17,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
 
     models_dir: Path = Field(Path("models"), description="Directory whose sub-directories are bundles")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda", "simulated"] = "auto"
+    simulated_batch_ms: float = Field(
+        2.0, gt=0, description="DEVICE=simulated: wall time per batch of up to MAX_BATCH_SIZE rows, no CPU"
+    )
     cpu_variant: Literal["int8-rowwise", "int8", "fused", "fp32"] = "int8-rowwise"
     intra_op_threads: int = Field(0, ge=0, description="ORT threads per session; 0 = cores / sessions")
     model_instances: int = Field(

@@ -30,7 +30,11 @@ BUNDLES = {"classify": "sst2-minilm", "embed": "all-minilm-l6-v2", "qa": "squad-
 RULES: list[tuple[str, str, str]] = [
     ("ORT run", r".*", r"onnxruntime/"),
     ("ORT run", r"^(OrtRuntime\.)?(run|run_alone|_run_bound)$|^RuntimePool\.run", r"app/.*runtime\.py"),
-    ("collate/pad", r"pad_batch|pad_choices|collate|<lambda>", r"processing/padding\.py|app/loader\.py"),
+    (
+        "collate/pad",
+        r"pad_batch|pad_choices|pad_items|split_rows|collate|<lambda>",
+        r"processing/padding\.py|app/.*(loader|reduce)\.py",
+    ),
     ("tokenize", r"encode|tokeni[sz]e|make_windows|token_spans|_encode", r"processing/|app/"),
     ("decode", r".*", r"processing/"),
     ("serialize", r"serialize_response|jsonable_encoder|render|dumps|dump_json|_prepare_response", r".*"),

@@ -6,7 +6,7 @@ Per-side tables keyed by task name (model.bert.TASK_HEADS, app.services.SERVICES
 train.features.TASK_FEATURES, train.readers.FORMATS) are checked against it by tests/test_tasks.py.
 
 Adding a task: declare it here, then write its pre/post-processing (processing/<task>.py),
-its head (model/bert.py), its service and schemas (app/), and, if it is trained here
+its head (model/bert.py), its service and schemas (app/api/: TASK_SCHEMAS names them), and, if it is trained here
 (`trained=True`), its feature class (train/features.py) and a reader; README "Adding a task"
 lists the places.
 """
@@ -50,8 +50,6 @@ class TaskSpec:
     name: str
     path: str  # the HTTP route
     summary: str  # the route's one-line description in /docs
-    request: str  # app.schemas class names
-    responses: tuple[str, ...]  # more than one: the route answers their union (e.g. one text or a batch)
     head: str  # model.bert class, also the `architectures` entry of a transformers config.json
     metric: str | None  # the validation metric that picks the best checkpoint (None: not trained here)
     token_axes: tuple[str, ...]  # the symbolic shape of input_ids, attention_mask, token_type_ids
@@ -97,8 +95,6 @@ TASKS: dict[str, TaskSpec] = {
             name="classify",
             path="/classify",
             summary="Classify a text, a text pair, or a batch",
-            request="ClassifyRequest",
-            responses=("ClassifyResult", "ClassifyBatchResponse"),
             head="BertForSequenceClassification",
             metric="accuracy",
             token_axes=TOKENS,
@@ -119,8 +115,6 @@ TASKS: dict[str, TaskSpec] = {
             name="ner",
             path="/ner",
             summary="Named entities with character offsets",
-            request="NERRequest",
-            responses=("NERResponse",),
             head="BertForTokenClassification",
             metric="f1",
             token_axes=TOKENS,
@@ -137,8 +131,6 @@ TASKS: dict[str, TaskSpec] = {
             name="multiple-choice",
             path="/multiple-choice",
             summary="Pick the best of several choices",
-            request="ChoiceRequest",
-            responses=("ChoiceResponse",),
             head="BertForMultipleChoice",
             metric="accuracy",
             token_axes=("batch", "choices", "sequence"),
@@ -160,8 +152,6 @@ TASKS: dict[str, TaskSpec] = {
             name="qa",
             path="/qa",
             summary="Extractive question answering over a context of any length",
-            request="QARequest",
-            responses=("QAResponse",),
             head="BertForQuestionAnswering",
             metric="f1",
             token_axes=TOKENS,
@@ -182,8 +172,6 @@ TASKS: dict[str, TaskSpec] = {
             name="embed",
             path="/embed",
             summary="Sentence embeddings (text-embeddings-inference's /embed: a bare list of vectors)",
-            request="EmbedRequest",
-            responses=("EmbedResponse",),
             head="BertForSentenceEmbedding",
             metric=None,
             token_axes=TOKENS,

@@ -29,12 +29,14 @@ def project_modules() -> dict[str, Path]:
     return modules
 
 
-def imported_names(path: Path, name: str, known: set[str] = frozenset()) -> set[str]:
+def imported_names(
+    path: Path, name: str, known: set[str] = frozenset(), tree: ast.AST | None = None
+) -> set[str]:
     """The dotted names this file imports: modules, or for `from m import f`, m (f when a known module)."""
     is_package = path.name == "__init__.py"
     here = name.split(".") if is_package else name.split(".")[:-1]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree or ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -146,3 +148,83 @@ def test_the_training_loop_imports_no_pretraining_code() -> None:
     loop = ("train.trainer", "train.train_utils", "train.schedules")
     offenders = {m: graph[m] & {"train.pretrain_data", "train.corpus", "train.vocab"} for m in loop}
     assert not any(offenders.values()), offenders
+
+
+def runtime_imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """imported_names without the imports under `if TYPE_CHECKING:` (they never run)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = [ast.Pass()]
+    return imported_names(path, name, known, tree)
+
+
+@functools.cache
+def runtime_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    known = set(modules)
+    return {name: runtime_imports(path, name, known) - {name} for name, path in modules.items()}
+
+
+def reaches(graph: dict[str, set[str]], start: str, forbidden: tuple[str, ...]) -> list[str] | None:
+    """The import chain from `start` to a module of a `forbidden` package, or None (breadth first)."""
+    parents: dict[str, str | None] = {start: None}
+    queue = [start]
+    while queue:
+        here = queue.pop(0)
+        if here.split(".")[0] in forbidden:
+            chain = [here]
+            while parents[chain[-1]] is not None:
+                chain.append(parents[chain[-1]])  # type: ignore[arg-type]
+            return chain[::-1]
+        for target in sorted(graph.get(here, ())):
+            if target not in parents:
+                parents[target] = here
+                queue.append(target)
+    return None
+
+
+# The two sides of the service (app/README.md). Only the entry module wires both.
+FRONT_END_NEVER = ("onnxruntime",)  # the front end tokenizes and serializes; the engine runs models
+ENGINE_NEVER = ("fastapi", "starlette", "uvicorn", "httpx")  # the engine speaks no HTTP
+SIDES = [
+    *((name, FRONT_END_NEVER) for name in sorted(project_modules()) if name.startswith("app.api")),
+    *((name, ENGINE_NEVER) for name in sorted(project_modules()) if name.startswith("app.engine")),
+]
+
+
+@pytest.mark.parametrize(("module", "forbidden"), SIDES, ids=[m for m, _ in SIDES])
+def test_each_side_of_app_stays_on_its_side(module: str, forbidden: tuple[str, ...]) -> None:
+    chain = reaches(runtime_graph(), module, forbidden)
+    assert chain is None, " -> ".join(chain or [])
+
+
+def test_the_engine_imports_nothing_of_the_front_end() -> None:
+    offenders = sorted(
+        f"{name} imports {target}"
+        for name, targets in project_imports().items()
+        if name.startswith("app.engine")
+        for target in targets
+        if target.startswith("app.api") or target == "app.main"
+    )
+    assert not offenders, offenders
+
+
+def test_the_side_rule_finds_a_chain_through_imports_of_imports(tmp_path: Path) -> None:
+    # A front-end module that reaches onnxruntime only through an engine module's import.
+    graph = {
+        "app.api.routes": {"app.engine.loader"},
+        "app.engine.loader": {"app.engine.runtime"},
+        "app.engine.runtime": {"onnxruntime"},
+    }
+    assert reaches(graph, "app.api.routes", FRONT_END_NEVER) == [
+        "app.api.routes",
+        "app.engine.loader",
+        "app.engine.runtime",
+        "onnxruntime",
+    ]
+    assert reaches(graph, "app.engine.loader", ENGINE_NEVER) is None
+    (tmp_path / "m.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import onnxruntime\n"
+    )
+    assert runtime_imports(tmp_path / "m.py", "m", set()) == {"typing"}

@@ -21,21 +21,22 @@ def test_the_registry_imports_without_torch_or_the_app() -> None:
 
 def test_the_service_follows_the_registry() -> None:
     from app import settings
-    from app.api.serving import services
     from app.api import middleware, schemas
     from app.api.routes import router
+    from app.api.serving import services
 
     assert settings.TASK_NAMES == TASK_NAMES
     assert middleware.TASK_PATHS == TASK_PATHS
-    assert set(services.SERVICES) == set(TASK_NAMES)
+    assert set(services.SERVICES) == set(TASK_NAMES) == set(schemas.TASK_SCHEMAS)
     routes = {route.path: route for route in router.routes if getattr(route, "methods", None) == {"POST"}}
     for spec in TASKS.values():
         route = routes[spec.path]
         assert services.SERVICES[spec.name].task == spec.name
         assert route.body_field is not None
-        assert route.body_field.field_info.annotation is getattr(schemas, spec.request)
+        wire = schemas.TASK_SCHEMAS[spec.name]
+        assert route.body_field.field_info.annotation is wire.request
         replies = getattr(route.response_model, "__args__", None) or (route.response_model,)
-        assert set(replies) == {getattr(schemas, name) for name in spec.responses}
+        assert set(replies) == set(wire.responses)
         assert route.summary == spec.summary
 
 

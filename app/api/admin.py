@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from app.errors import AdminDisabled
 from app.api.error_table import ADMIN_RESPONSES
+from app.api.listing import model_info
 from app.api.routes import check_bearer, state_of
 from app.api.service_schemas import LoadResponse, PollResponse, UnloadResponse
-from app.api.listing import model_info
+from app.errors import AdminDisabled
 
 
 async def require_admin_key(request: Request) -> None:

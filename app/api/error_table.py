@@ -17,6 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.service_schemas import ErrorResponse
+from app.api.v2_schemas import V2ErrorResponse
 from app.engine.batch_types import BatcherClosed, BatchFailed, DeadlineExceeded, QueueFull, TooLarge
 from app.errors import (
     AdminDisabled,
@@ -40,8 +42,6 @@ from app.errors import (
     Unauthorized,
     VersionRejected,
 )
-from app.api.service_schemas import ErrorResponse
-from app.api.v2_schemas import V2ErrorResponse
 from app.observe.logs import request_id_var
 
 log = logging.getLogger("app.errors")

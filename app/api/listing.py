@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from app.errors import ServiceError
 from app.api.service_schemas import ModelInfo, ModelsResponse, OpenAIModel, OpenAIModelList, VersionInfo
-from app.engine.loader import MB
-from app.engine.registry import Model, Registry
+from app.errors import ServiceError
 from export.bundle import VARIANT_NOTES, batch_invariant
+
+if TYPE_CHECKING:
+    from app.engine.registry import Model, Registry
+
+MB = 1 << 20
 
 
 def list_models(registry: Registry) -> ModelsResponse:

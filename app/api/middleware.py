@@ -10,8 +10,8 @@ from typing import Any
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import BodyTooLarge, InternalError, Overloaded
 from app.api.error_table import ERRORS, RETRY_AFTER_S, domain_error_response, is_v2_path, v2_errors
+from app.errors import BodyTooLarge, InternalError, Overloaded
 from app.observe.logs import new_request_id, request_id_var
 from app.observe.metrics import Metrics
 from processing.tasks import TASK_PATHS

@@ -10,29 +10,16 @@ import asyncio
 import functools
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import SecretStr, TypeAdapter
 
-from app.api.serving import rerank_service
-from app.engine.batch_types import Schedule
 from app.api.cache import Entry, Key, canonical
-from app.api.serving.embed_service import EmbedService
-from app.api.scheduling import schedule_for
-from app.api.serving.services import (
-    ChoiceService,
-    ClassifyService,
-    NERService,
-    QAService,
-    service_of,
-    tokenize_texts,
-)
-from app.api.serving.task_service import TaskService, Timings
-from app.errors import NoModel, Unauthorized
 from app.api.error_table import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
 from app.api.lean_route import LeanRoute
+from app.api.listing import list_models, openai_model_list
 from app.api.middleware import MODEL_SCOPE_KEY
 from app.api.rerank_schemas import (
     InfinityRerankRequest,
@@ -42,6 +29,7 @@ from app.api.rerank_schemas import (
     RerankRequest,
     RerankResponse,
 )
+from app.api.scheduling import schedule_for
 from app.api.schemas import (
     ChoiceRequest,
     ChoiceResponse,
@@ -67,9 +55,23 @@ from app.api.service_schemas import (
     TokenizeRequest,
     TokenOut,
 )
-from app.api.listing import list_models, openai_model_list
-from app.engine.loader import Bundle
+from app.api.serving import rerank_service
+from app.api.serving.embed_service import EmbedService
+from app.api.serving.services import (
+    ChoiceService,
+    ClassifyService,
+    NERService,
+    QAService,
+    service_of,
+    tokenize_texts,
+)
+from app.api.serving.task_service import TaskService, Timings
+from app.engine.batch_types import Schedule
+from app.errors import NoModel, Unauthorized
 from processing.tasks import TASKS
+
+if TYPE_CHECKING:
+    from app.engine.loader import Bundle
 
 # Every route of `router` needs the API key when one is set: main.py includes it with the AUTH
 # dependency then, and without it otherwise (a no-op dependency still costs each request ~20 us).
@@ -123,7 +125,7 @@ async def serve(
         service = service_of(bundle, kind)
         return await (call(service, body, timings) if call else service(body, timings))
 
-    cache_as = canonical(body) if state_of(request).registry.cache is not None else None
+    cache_as = canonical(body) if state_of(request).cache is not None else None
     return await run_leased(request, response, kind.task, body.model, work, schedule, cache_as=cache_as)
 
 
@@ -146,7 +148,7 @@ async def run_leased(
     With `cache_as` (the request in canonical form) and RESPONSE_CACHE_MB, the answer comes from, or
     goes to, the response cache."""
     state = state_of(request)
-    cache = state.registry.cache if cache_as is not None else None
+    cache = state.cache if cache_as is not None else None
     # The version serving now answers the whole request, even if a new one is swapped in meanwhile.
     with state.registry.lease(task, model) as bundle:
         if version is not None and version != bundle.version:

@@ -5,18 +5,18 @@ the protocol's {"error": message} body from app/api/error_table.py, as every rou
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.types import Message
 
-from app.api.scheduling import schedule_for
-from app.api.serving.task_service import Timings
 from app.api import v2, v2_binary
 from app.api.error_table import NOT_READY, V2_RESPONSES
 from app.api.routes import not_serving, readiness, require_api_key, run_leased, state_of
+from app.api.scheduling import schedule_for
+from app.api.serving.task_service import Timings
 from app.api.v2_schemas import (
     V2InferRequest,
     V2InferResponse,
@@ -26,9 +26,11 @@ from app.api.v2_schemas import (
     V2Ready,
     V2ServerMetadata,
 )
-from app.engine.loader import Bundle
-from app.engine.registry import Model
 from processing.tasks import TASKS
+
+if TYPE_CHECKING:
+    from app.engine.loader import Bundle
+    from app.engine.registry import Model
 
 SERVER_NAME = "bert-serving"
 

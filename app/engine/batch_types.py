@@ -4,6 +4,7 @@ per-item results, the runtime and observer it is given, and the errors it raises
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +97,9 @@ class Priority(IntEnum):
     NORMAL = 1
 
 
+_request_ids = itertools.count(1)
+
+
 @dataclass(eq=False)
 class Schedule:
     """One request's deadline and priority, shared by all its submissions (a V2 batch makes several)."""
@@ -105,6 +109,11 @@ class Schedule:
     timeout_ms: float | None = None  # what the client asked for, for the error message
     started: float = 0.0
     expired: bool = False  # counted once, however many of its items are dropped
+    request_id: int = field(default_factory=lambda: next(_request_ids))
+
+    def remaining_ms(self) -> float | None:
+        """What is left of the deadline, in milliseconds (a clock every process reads alike)."""
+        return None if self.deadline is None else (self.deadline - time.perf_counter()) * 1000.0
 
     @classmethod
     def within(cls, timeout_ms: float | None, priority: Priority = Priority.NORMAL) -> Schedule:

@@ -74,6 +74,7 @@ class Batcher:
         runtime: Runtime,
         collate: Callable[[list[Any]], dict[str, np.ndarray]],
         *,
+        split: Callable[[dict[str, np.ndarray], list[Any]], list[dict[str, np.ndarray]]] | None = None,
         max_batch_size: int = 32,
         max_batch_tokens: int = 8192,
         max_wait_ms: float = 5.0,
@@ -93,6 +94,9 @@ class Batcher:
             raise ValueError("concurrency (batches in flight) must be at least 1")
         self.runtime = runtime
         self.collate = collate
+        # Outputs -> each item's part (app/engine/reduce.py pools here, in the worker thread);
+        # without it, item i gets row i of every output.
+        self.split = split
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_ms / 1000.0
@@ -366,22 +370,23 @@ class Batcher:
                     item.future.set_exception(BatchFailed(batch_id, exc))
             return
         inference_s = self.clock() - started
-        for index, item in enumerate(items):
+        for item, part in zip(items, outputs, strict=True):
             if item.future is None or item.future.done():
                 continue
-            row = {name: value[index] for name, value in outputs.items()}
             item.future.set_result(
-                ItemResult(row, started - item.enqueued_at, inference_s, batch_id, len(items))
+                ItemResult(part, started - item.enqueued_at, inference_s, batch_id, len(items))
             )
 
-    def _infer(self, payloads: list[Any], alone: bool = False) -> dict[str, np.ndarray]:
+    def _infer(self, payloads: list[Any], alone: bool = False) -> list[dict[str, np.ndarray]]:
+        """The batch through the model: each item's part of its outputs."""
         inputs = self.collate(payloads)
         # Alone in an idle model (nothing running, nothing queued): every core may serve it.
         run_alone = getattr(self.runtime, "run_alone", None) if alone else None
         outputs = run_alone(inputs) if run_alone is not None else self.runtime.run(inputs)
+        rows = len(payloads)  # one row per item: a sequence, or a choice group's block
         for name, value in outputs.items():
-            if len(value) != len(payloads):
-                raise RuntimeError(
-                    f"output {name!r} has {len(value)} rows for a batch of {len(payloads)} items"
-                )
-        return outputs
+            if len(value) != rows:
+                raise RuntimeError(f"output {name!r} has {len(value)} rows for a batch of {rows}")
+        if self.split is None:
+            return [{name: value[index] for name, value in outputs.items()} for index in range(rows)]
+        return self.split(outputs, payloads)

@@ -13,22 +13,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from typing import Any
 
-from app.engine.runtime import resolve_batch_tokens, resolve_padding_factor, settle_heap
 from app.engine.batcher import Batcher
-from app.api.serving.services import make_service
-from app.errors import MemoryLimitExceeded, NoModel, VersionRejected
-from app.engine.loader import MB, Bundle, build, collate_for
+from app.engine.client import Engine
+from app.engine.loader import MB, Bundle, build
+from app.engine.reduce import batch_functions
 from app.engine.registry import Model, Registry, log_failure
 from app.engine.repository import VersionDir, check_model_name, fingerprint, model_versions, scan
+from app.engine.runtime import resolve_batch_tokens, resolve_padding_factor, settle_heap
+from app.errors import MemoryLimitExceeded, NoModel, VersionRejected
 from export.bundle import MANIFEST_NAME, BundleError
+from processing.tasks import TASKS
 
 log = logging.getLogger("app.control")
 
 
 class ModelControl:
-    def __init__(self, registry: Registry):
+    def __init__(
+        self,
+        registry: Registry,
+        engine: Engine,
+        make_service: Callable[[Bundle], Any] | None = None,
+        on_retired: Callable[[str, str], None] | None = None,
+    ):
+        """`make_service` builds a version's front-end service when it loads (the entry module wires
+        it; the engine knows nothing of the front end); `on_retired(model, version)` is the event a
+        retired version sends, on which the front end forgets its answers (the response cache)."""
         self.registry = registry
+        self.engine = engine
+        self.make_service = make_service
+        self.on_retired = on_retired
         self.settings, self.metrics = registry.settings, registry.metrics
         self._load_lock = asyncio.Lock()  # one load at a time: CPU, and a clean memory measure
         self._retiring: set[asyncio.Task] = set()
@@ -159,9 +175,11 @@ class ModelControl:
         """The version's batcher (sharing the device's compute slots) and its task service."""
         device, settings = self.registry.device, self.settings
         assert bundle.runtime is not None and bundle.tokenizer is not None and device is not None
+        collate, split = batch_functions(bundle.tokenizer.pad_id, grouped=TASKS[bundle.task].choices)
         bundle.batcher = Batcher(
             bundle.runtime,
-            collate_for(bundle.task, bundle.tokenizer.pad_id),
+            collate,
+            split=split,
             max_batch_size=settings.max_batch_size,
             max_batch_tokens=resolve_batch_tokens(settings.max_batch_tokens, device),
             max_wait_ms=settings.max_wait_ms,
@@ -174,8 +192,9 @@ class ModelControl:
             compute=self.registry.compute,
             aging_ms=settings.priority_aging_ms,
         )
-        bundle.service = make_service(bundle, self.settings)
+        bundle.service = self.make_service(bundle) if self.make_service is not None else None
         bundle.batcher.start()
+        self.engine.add(bundle.name, bundle.version, bundle.batcher)
 
     # ------------------------------------------------------------------ retiring, unloading
 
@@ -194,6 +213,7 @@ class ModelControl:
                 )
         if bundle.batcher is not None:
             await bundle.batcher.stop(drain=True)
+        self.engine.remove(bundle.name, bundle.version)
         bundle.runtime = bundle.service = None  # the sessions go with the last reference
         self._forget_answers(bundle)  # an unloaded model's version is dropped here
         model.event(bundle, "retired")
@@ -201,8 +221,8 @@ class ModelControl:
         return loop.time() - started
 
     def _forget_answers(self, bundle: Bundle) -> None:
-        if self.registry.cache is not None:
-            self.registry.cache.drop_version(bundle.name, bundle.version)
+        if self.on_retired is not None:
+            self.on_retired(bundle.name, bundle.version)
 
     async def unload(self, name: str) -> tuple[Model, float]:
         """Stop serving `name`: new requests are refused at once, those in flight finish first."""

@@ -15,14 +15,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from app.engine.runtime import RuntimePool, SessionTuning, choose_variant, create_runtime
 from app.engine.batcher import Batcher
-from app.errors import MemoryLimitExceeded
+from app.engine.protocol import Item
+from app.engine.reduce import Work, batch_functions
 from app.engine.repository import VersionDir, manifest_digest
+from app.engine.runtime import RuntimePool, SessionTuning, choose_variant, create_runtime
+from app.engine.simulated import SimulatedRuntime
+from app.errors import MemoryLimitExceeded
 from export.bundle import (
     MANIFEST_NAME,
     BundleError,
@@ -32,12 +35,8 @@ from export.bundle import (
     verify_bundle_files,
 )
 from export.invariance import batch_invariance
-from processing.padding import pad_batch, pad_choices
 from processing.tasks import TASKS
 from processing.tokenizer import TextTokenizer
-
-if TYPE_CHECKING:
-    from app.api.serving.task_service import TaskService
 
 MB = 1 << 20
 
@@ -51,6 +50,7 @@ class SessionPlan:
     instances: int
     tuning: SessionTuning
     solo_threads: int = 0  # a session with this many threads for batches alone in the model (0: none)
+    simulated_batch_ms: float = 0.0  # DEVICE=simulated: each batch's time (app/engine/simulated.py)
 
     @property
     def sessions(self) -> int:
@@ -73,7 +73,7 @@ class Bundle:
     tokenizer: TextTokenizer | None = None
     runtime: RuntimePool | None = None
     batcher: Batcher | None = None
-    service: TaskService | None = None  # app/api/serving/services.py, made by app/engine/control.py
+    service: Any = None  # the front end's service for this version (made by ModelControl.make_service)
     load_seconds: float | None = None
     memory_bytes: int | None = None
     leases: int = 0  # requests being served by this version right now
@@ -84,10 +84,9 @@ class Bundle:
         return self.manifest.task
 
 
-def collate_for(task: str, pad_id: int) -> Callable[[list[Any]], dict[str, np.ndarray]]:
-    if TASKS[task].choices:
-        return lambda groups: pad_choices(groups, pad_id)
-    return lambda encodings: pad_batch(encodings, pad_id)
+def collate_for(task: str, pad_id: int) -> Callable[[list[Work]], dict[str, np.ndarray]]:
+    collate, _ = batch_functions(pad_id, grouped=TASKS[task].choices)
+    return collate
 
 
 def resident_bytes() -> int | None:
@@ -131,17 +130,20 @@ def build(
     path = manifest.variant_path(source.path, bundle.variant)
     disabled = manifest.variants[bundle.variant].disabled_optimizers
     solo = None
-    if plan.solo_threads:
+    if plan.device == "simulated":
+        bundle.runtime = RuntimePool([SimulatedRuntime(manifest, plan.simulated_batch_ms, max_batch_size)])
+    elif plan.solo_threads:
         # Spins while it runs (a lone request gets the whole machine's latency), never after.
         tuning = replace(plan.tuning, spinning=True, stop_spinning_after_run=True)
         solo = create_runtime(path, plan.device, plan.solo_threads, tuning, disabled_optimizers=disabled)
-    bundle.runtime = RuntimePool(
-        [
-            create_runtime(path, plan.device, plan.threads, plan.tuning, disabled_optimizers=disabled)
-            for _ in range(plan.instances)
-        ],
-        solo,
-    )
+    if bundle.runtime is None:
+        bundle.runtime = RuntimePool(
+            [
+                create_runtime(path, plan.device, plan.threads, plan.tuning, disabled_optimizers=disabled)
+                for _ in range(plan.instances)
+            ],
+            solo,
+        )
     warm_up(bundle, max_batch_size)
     after = resident_bytes()
     if before is not None and after is not None:
@@ -166,7 +168,7 @@ def warm_up(bundle: Bundle, max_batch_size: int) -> None:
     spec = TASKS[manifest.task]
     rows = min(4, max_batch_size)
     for batch in ([short], [longest] * rows):
-        payloads: list[Any] = [[e, e] for e in batch] if spec.choices else batch
+        payloads = [Work(Item.of([e, e] if spec.choices else [e])) for e in batch]
         outputs = runtime.run(collate(payloads))
         runtime.run_alone(collate(payloads))  # the solo session's first run, if it has one
         missing = set(manifest.output_names) - set(outputs)
@@ -183,9 +185,7 @@ def warm_up(bundle: Bundle, max_batch_size: int) -> None:
     if bundle.variant and batch_invariant(bundle.variant, bundle.device):
         # The promise /models makes, checked on this machine's kernels: the short input alone (on
         # the session a lone request gets) against the same input padded next to the longest one.
-        pair: list[Any] = [short, longest]
-        if spec.choices:
-            pair = [[e, e] for e in pair]
+        pair = [Work(Item.of([e, e] if spec.choices else [e])) for e in (short, longest)]
         report = batch_invariance(manifest.task, runtime.run, [collate(pair)], runtime.run_alone)
         if not report["invariant"]:
             raise BundleError(

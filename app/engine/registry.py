@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from app.engine.batcher import ComputeSlots
+from app.engine.loader import MB, Bundle, SessionPlan
+from app.engine.repository import VersionDir, model_versions, scan
 from app.engine.runtime import (
     RuntimeConfigError,
     SessionTuning,
@@ -28,16 +31,12 @@ from app.engine.runtime import (
     resolve_instances,
     session_threads,
 )
-from app.engine.batcher import ComputeSlots
-from app.api.cache import ResponseCache
 from app.errors import (
     ModelLoading,
     ModelRequired,
     ModelUnavailable,
     NoModel,
 )
-from app.engine.loader import MB, Bundle, SessionPlan
-from app.engine.repository import VersionDir, model_versions, scan
 from app.observe.metrics import Metrics
 from app.settings import DEFAULT_ROUTES, Settings, available_cores
 from export.bundle import MANIFEST_NAME, BundleError, load_bundle_manifest
@@ -115,9 +114,6 @@ class Registry:
         self.threads = 1
         self.compute: ComputeSlots | None = None
         self.load_finished = False
-        # Answers of the versions in service (RESPONSE_CACHE_MB); None when off.
-        budget = int(settings.response_cache_mb * 2**20)
-        self.cache = ResponseCache(budget, metrics) if budget else None
 
     @property
     def models_dir(self) -> Path:
@@ -211,7 +207,14 @@ class Registry:
         solo = self.threads * instances if self.settings.solo_session and self.device == "cpu" else 0
         if instances < 2 or solo > cores:
             solo = 0
-        return SessionPlan(self.device, self.threads, instances, tuning, solo)
+        return SessionPlan(
+            self.device,
+            self.threads,
+            instances,
+            tuning,
+            solo,
+            simulated_batch_ms=self.settings.simulated_batch_ms,
+        )
 
     def room(self, model: Model) -> int | None:
         """Bytes the other models leave under MAX_MODELS_MEMORY_MB (the version being replaced is

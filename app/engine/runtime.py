@@ -32,10 +32,16 @@ class RuntimeConfigError(RuntimeError):
     """The requested device or variant cannot be honoured; the service must not start on it."""
 
 
+# Devices that batch like a GPU: big batches, padding almost free, one instance, no compute slots.
+# "simulated" is app/engine/simulated.py (benchmarks and tests).
+ACCELERATORS = ("cuda", "simulated")
+
+
 def resolve_device(requested: str, available_providers: list[str]) -> str:
-    """'auto' | 'cpu' | 'cuda' -> 'cpu' | 'cuda', given onnxruntime.get_available_providers()."""
-    if requested == "cpu":
-        return "cpu"
+    """'auto' | 'cpu' | 'cuda' | 'simulated' -> itself ('auto': 'cuda' if onnxruntime offers it, else
+    'cpu'), given onnxruntime.get_available_providers()."""
+    if requested in ("cpu", "simulated"):
+        return requested
     has_cuda = CUDA_EP in available_providers
     if requested == "cuda":
         if not has_cuda:
@@ -45,7 +51,7 @@ def resolve_device(requested: str, available_providers: list[str]) -> str:
             )
         return "cuda"
     if requested != "auto":
-        raise RuntimeConfigError(f"DEVICE must be auto, cpu or cuda, got {requested!r}")
+        raise RuntimeConfigError(f"DEVICE must be auto, cpu, cuda or simulated, got {requested!r}")
     return "cuda" if has_cuda else "cpu"
 
 
@@ -92,7 +98,7 @@ def resolve_padding_factor(configured: float | None, device: str) -> float:
     bigger batches gain little, so batches hold near-equal lengths; a GPU pads almost for free."""
     if configured is not None:
         return configured
-    return 0.0 if device == "cuda" else CPU_PADDING_FACTOR
+    return 0.0 if device in ACCELERATORS else CPU_PADDING_FACTOR
 
 
 # benchmarks/results/batching_sweep_qa.md: /qa at 32 clients served 24.2 requests/s with 1024-token
@@ -105,7 +111,7 @@ def resolve_batch_tokens(configured: int | None, device: str) -> int:
     and run slower per token than small ones; a GPU needs big batches to fill it."""
     if configured is not None:
         return configured
-    return CUDA_BATCH_TOKENS if device == "cuda" else CPU_BATCH_TOKENS
+    return CUDA_BATCH_TOKENS if device in ACCELERATORS else CPU_BATCH_TOKENS
 
 
 def resolve_instances(configured: int, device: str, cores: int) -> int:
@@ -115,7 +121,7 @@ def resolve_instances(configured: int, device: str, cores: int) -> int:
     (it batches itself)."""
     if configured > 0:
         return configured
-    return 1 if device == "cuda" else max(1, cores)
+    return 1 if device in ACCELERATORS else max(1, cores)
 
 
 def check_providers(active: list[str], device: str, model_path: Path | str) -> None:

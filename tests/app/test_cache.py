@@ -105,12 +105,12 @@ async def test_errors_are_never_cached_and_the_cache_is_off_by_default(served, m
         for _ in range(2):
             r = await client.post("/qa", json={"question": "who?", "context": "x", "top_k": 50})
             assert r.status_code == 422 and "x-cache" not in r.headers
-        assert len(app.state.service_state.registry.cache) == 0
+        assert len(app.state.service_state.cache) == 0
         assert "bert_cache_hits_total{" not in (await client.get("/metrics")).text
     app, client = served
     r = await client.post("/classify", json=ROUTES["/classify"])
     assert r.status_code == 200 and "x-cache" not in r.headers
-    assert app.state.service_state.registry.cache is None
+    assert app.state.service_state.cache is None
 
 
 @pytest.mark.parametrize("how", ["admin", "poll"])
@@ -133,7 +133,7 @@ async def test_a_swapped_model_never_answers_from_the_old_version(tmp_path, add_
             v2.status_code == 200 and v2.headers["x-model-version"] == "2" and v2.headers["x-cache"] == "miss"
         )
         assert {s["label"] for s in v2.json()["scores"]} == {"worse", "better"}
-        cache = app.state.service_state.registry.cache
+        cache = app.state.service_state.cache
         assert all(k.version == "2" for k in cache._entries), "the retired version's answers are dropped"
 
 
@@ -173,7 +173,7 @@ async def test_an_answer_finished_by_a_swapped_out_version_is_not_stored(tmp_pat
         old = await pending
         assert old.status_code == 200 and old.headers["x-model-version"] == "1"
         assert old.headers["x-cache"] == "miss"
-        cache = app.state.service_state.registry.cache
+        cache = app.state.service_state.cache
         assert not any(k.version == "1" for k in cache._entries)
         new = await client.post("/classify", json=request)
         assert new.headers["x-model-version"] == "2" and new.json()["label"] in ("worse", "better")

@@ -7,16 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.api.serving.task_service import (
-    ModelVersion,
-    TaskService,
-    Timings,
-    check_chars,
-    cpu_step,
-    long_input_headers,
-    sequence_items,
-)
-from app.errors import InputTooLong, InvalidInput, TooManyInputs
 from app.api.schemas import (
     EmbeddingData,
     EmbeddingUsage,
@@ -28,6 +18,17 @@ from app.api.schemas import (
     SimilarityRequest,
     SimilarityResponse,
 )
+from app.api.serving.task_service import (
+    ModelVersion,
+    TaskService,
+    Timings,
+    check_chars,
+    cpu_step,
+    long_input_headers,
+    sequence_items,
+)
+from app.engine.protocol import EngineClient
+from app.errors import InputTooLong, InvalidInput, TooManyInputs
 from app.settings import Settings
 from processing import embed as embed_proc
 from processing.tokenizer import Encoding
@@ -54,8 +55,8 @@ class EmbedService(TaskService):
 
     task = "embed"
 
-    def __init__(self, bundle: ModelVersion, settings: Settings):
-        super().__init__(bundle, settings)
+    def __init__(self, bundle: ModelVersion, settings: Settings, engine: EngineClient):
+        super().__init__(bundle, settings, engine)
         pooling = self.manifest.pooling or {}
         self.pooling = pooling.get("mode", "mean")
         self.dimensions = int(self.manifest.outputs[0]["shape"][-1])
@@ -99,15 +100,13 @@ class EmbedService(TaskService):
             chars = sum(map(len, texts.values()))
             timings.chars += chars
             encoded = await cpu_step(chars, self._encode, texts, options.truncate, side)
-        results = await self.infer(sequence_items([e for encodings in encoded for e in encodings]), timings)
+        items = sequence_items([e for encodings in encoded for e in encodings])
+        # The engine pools each sequence over its own tokens: hidden states never leave it.
+        results = await self.infer(items, timings, reduce=self.pooling)
         with timings.measure("postprocess"):
             vectors, cursor = [], 0
             for encodings in encoded:
-                # Each sequence pooled over its own tokens: the padding its batch gave it never counts.
-                pooled = [
-                    embed_proc.pool_tokens(r.outputs["last_hidden_state"][: len(e)], self.pooling)
-                    for e, r in zip(encodings, results[cursor : cursor + len(encodings)], strict=True)
-                ]
+                pooled = [r.outputs["pooled"] for r in results[cursor : cursor + len(encodings)]]
                 cursor += len(encodings)
                 vectors.append(
                     embed_proc.pool_windows(np.stack(pooled), [len(e) for e in encodings], self.pooling)

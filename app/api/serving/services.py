@@ -13,10 +13,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from app.engine.batch_types import ItemResult, WorkItem
-from app.api.serving.embed_service import EmbedService
-from app.api.serving.task_service import ModelVersion, TaskService, Timings, check_chars, cpu_step, sequence_items
-from app.errors import InputTooLong, InvalidInput, TooManyChoices, TooManyInputs
 from app.api.schemas import (
     AnswerOut,
     ChoiceRequest,
@@ -32,6 +28,17 @@ from app.api.schemas import (
     QAResponse,
 )
 from app.api.service_schemas import TokenizeRequest, TokenOut
+from app.api.serving.embed_service import EmbedService
+from app.api.serving.task_service import (
+    ModelVersion,
+    TaskService,
+    Timings,
+    check_chars,
+    cpu_step,
+    sequence_items,
+)
+from app.engine.protocol import EngineClient, Item, ItemOutput
+from app.errors import InputTooLong, InvalidInput, TooManyChoices, TooManyInputs
 from app.settings import Settings
 from export.bundle import DEFAULT_QA
 from processing import choice as choice_proc
@@ -62,8 +69,8 @@ class Classified:
 class ClassifyService(TaskService):
     task = "classify"
 
-    def __init__(self, bundle: ModelVersion, settings: Settings):
-        super().__init__(bundle, settings)
+    def __init__(self, bundle: ModelVersion, settings: Settings, engine: EngineClient):
+        super().__init__(bundle, settings, engine)
         self.regression = self.manifest.problem_type == "regression"
         self.labels = list(self.manifest.labels or [])
         self.long_text = settings.classify_long_text
@@ -163,8 +170,8 @@ class ClassifyService(TaskService):
 class NERService(TaskService):
     task = "ner"
 
-    def __init__(self, bundle: ModelVersion, settings: Settings):
-        super().__init__(bundle, settings)
+    def __init__(self, bundle: ModelVersion, settings: Settings, engine: EngineClient):
+        super().__init__(bundle, settings, engine)
         self.id2label = dict(enumerate(self.manifest.labels or []))
         self.word_split = self.manifest.preprocessing.get("word_split")
         if self.word_split is None:
@@ -191,7 +198,7 @@ class NERService(TaskService):
         return NERResponse(entities=entities, windows=len(windows))
 
     def _entities(
-        self, request: NERRequest, tokens: Any, windows: list, results: list[ItemResult]
+        self, request: NERRequest, tokens: Any, windows: list, results: list[ItemOutput]
     ) -> list[EntityOut]:
         logits = ner_proc.merge_window_logits(len(tokens), windows, [r.outputs["logits"] for r in results])
         found = ner_proc.aggregate_entities(request.text, tokens, logits, self.id2label, request.aggregation)
@@ -228,13 +235,7 @@ class ChoiceService(TaskService):
                 self.max_seq_len,
             )
         # One [choices, seq] group per request; only groups with as many choices share a batch.
-        item = WorkItem(
-            payload=encodings,
-            length=max(len(e) for e in encodings),
-            rows=len(encodings),
-            shape_key=len(encodings),
-        )
-        (result,) = await self.infer([item], timings)
+        (result,) = await self.infer([Item.of(encodings)], timings, grouped=True)
         with timings.measure("postprocess"):
             picked = choice_proc.choice_from_logits(result.outputs["logits"], request.choices)
         return ChoiceResponse(best=picked.best, choice=picked.choice, scores=picked.scores)
@@ -243,8 +244,8 @@ class ChoiceService(TaskService):
 class QAService(TaskService):
     task = "qa"
 
-    def __init__(self, bundle: ModelVersion, settings: Settings):
-        super().__init__(bundle, settings)
+    def __init__(self, bundle: ModelVersion, settings: Settings, engine: EngineClient):
+        super().__init__(bundle, settings, engine)
         defaults = {**DEFAULT_QA, **(self.manifest.qa_defaults or {})}
         self.max_query_len = int(defaults["max_query_len"])
         self.max_answer_len = int(defaults["max_answer_len"])
@@ -327,9 +328,9 @@ SERVICES: dict[str, type[TaskService]] = {
 }
 
 
-def make_service(bundle: ModelVersion, settings: Settings) -> TaskService:
+def make_service(bundle: ModelVersion, settings: Settings, engine: EngineClient) -> TaskService:
     assert bundle.task is not None
-    return SERVICES[bundle.task](bundle, settings)
+    return SERVICES[bundle.task](bundle, settings, engine)
 
 
 S = TypeVar("S", bound=TaskService)

@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from app.engine.batch_types import ItemResult, Schedule, WorkItem
+from app.engine.batch_types import Schedule
+from app.engine.protocol import EngineClient, EngineRequest, Item, ItemOutput
 from app.errors import TextTooLong
 from app.observe.metrics import Metrics
 from app.settings import Settings
 from processing.tokenizer import Encoding, default_window_overlap
 
 if TYPE_CHECKING:
-    from app.engine.batcher import Batcher
     from export.bundle import BundleManifest
     from processing.tokenizer import TextTokenizer
 
@@ -28,10 +28,10 @@ class ModelVersion(Protocol):
     """What a service is made from: one loaded version of a model (app/engine/loader.Bundle)."""
 
     name: str
+    version: str
     task: str | None
     manifest: BundleManifest | None
     tokenizer: TextTokenizer | None
-    batcher: Batcher | None
     service: TaskService | None
 
 
@@ -90,15 +90,6 @@ class Timings:
             metrics.child(metrics.request_tokens, task, model).observe(self.tokens)
 
 
-async def gather_all(futures: Sequence[asyncio.Future]) -> list[ItemResult]:
-    """Wait for every future (so none is left with an unretrieved exception), then raise the first error."""
-    results = await asyncio.gather(*futures, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return list(results)
-
-
 # Below this many characters, tokenizing (tens of microseconds in the Rust tokenizer) costs less
 # than handing the work to a thread and back; longer inputs go to a thread to keep the loop free.
 INLINE_CHARS = 2_000
@@ -130,12 +121,12 @@ def check_chars(value: str, limit: int, field: str, setting: str) -> None:
 class TaskService:
     task = ""
 
-    def __init__(self, bundle: ModelVersion, settings: Settings):
-        assert bundle.manifest is not None and bundle.tokenizer is not None and bundle.batcher is not None
+    def __init__(self, bundle: ModelVersion, settings: Settings, engine: EngineClient):
+        assert bundle.manifest is not None and bundle.tokenizer is not None
         self.bundle = bundle
         self.manifest = bundle.manifest
         self.tokenizer = bundle.tokenizer
-        self.batcher = bundle.batcher
+        self.engine = engine
         self.settings = settings
         self.max_seq_len = self.manifest.max_seq_len
         # The overlap the model was trained with, unless WINDOW_OVERLAP overrides it; windows must
@@ -147,17 +138,26 @@ class TaskService:
             overlap = default_window_overlap(self.max_seq_len)
         self.window_overlap = min(overlap, (self.max_seq_len - 2) // 2)
 
-    async def infer(self, items: list[WorkItem], timings: Timings) -> list[ItemResult]:
-        """Submit under the request's schedule (raises QueueFull / TooLarge / BatcherClosed /
-        DeadlineExceeded at once) and wait for every item."""
-        futures = self.batcher.submit(items, timings.schedule)
+    async def infer(
+        self, items: list[Item], timings: Timings, grouped: bool = False, reduce: str | None = None
+    ) -> list[ItemOutput]:
+        """The items through the engine under the request's schedule (raises QueueFull / TooLarge /
+        BatcherClosed / DeadlineExceeded at once); cancelled, the engine drops what is queued."""
+        schedule = timings.schedule or Schedule()
+        request = EngineRequest(
+            request_id=schedule.request_id,
+            model=self.bundle.name,
+            version=self.bundle.version,
+            items=items,
+            deadline_ms=schedule.remaining_ms(),
+            timeout_ms=schedule.timeout_ms,
+            priority=int(schedule.priority),
+            grouped=grouped,
+            reduce=reduce,
+        )
         timings.tokens += sum(item.length * item.rows for item in items)
         started = time.perf_counter()
-        try:
-            results = await gather_all(futures)
-        finally:
-            for future in futures:
-                future.cancel()  # no-op when done; drops queued work when the caller went away
+        results = (await self.engine.infer(request)).items
         waited = time.perf_counter() - started
         # Several batches may serve one request: model time is the sum over distinct batches.
         inference = sum({r.batch_id: r.inference_s for r in results}.values())
@@ -167,5 +167,6 @@ class TaskService:
         return results
 
 
-def sequence_items(encodings: Sequence[Encoding]) -> list[WorkItem]:
-    return [WorkItem(payload=e, length=len(e)) for e in encodings]
+def sequence_items(encodings: Sequence[Encoding]) -> list[Item]:
+    """One work item per sequence."""
+    return [Item.of([e]) for e in encodings]

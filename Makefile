@@ -21,7 +21,7 @@ models: setup
 	$(PY) -m export.defaults --out $(MODELS_DIR)
 
 serve: models
-	MODELS_DIR=$(MODELS_DIR) $(VENV)/bin/uvicorn app.main:app --host $${HOST:-0.0.0.0} --port $(PORT)
+	MODELS_DIR=$(MODELS_DIR) $(VENV)/bin/python -m app --host $${HOST:-0.0.0.0} --port $(PORT)
 
 # The compose topology without Docker: 3 replicas, nginx :8080, Prometheus :9090 (deploy/README.md).
 local-up: models

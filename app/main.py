@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import threading
 import time
@@ -27,6 +28,7 @@ from app.api.admin import router as admin_router
 from app.api.cache import ResponseCache
 from app.api.error_table import install_error_handlers
 from app.api.middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
+from app.api.remote import FrontTable, RemoteControl, RemoteEngine
 from app.api.routes import AUTH, open_router, router
 from app.api.serving.services import make_service
 from app.api.serving.task_service import TEI_HEADERS
@@ -35,11 +37,15 @@ from app.engine.client import Engine
 from app.engine.control import ModelControl
 from app.engine.registry import Registry
 from app.engine.runtime import fix_malloc_mmap_threshold
+from app.engine.table import ModelTable
 from app.observe.logs import configure_logging, flush_logs
 from app.observe.metrics import Metrics
 from app.settings import Settings
 
 log = logging.getLogger("app.main")
+
+# Set by app/serve.py for its front-end processes: the engine process's socket.
+ENGINE_SOCKET_ENV = "BERT_ENGINE_SOCKET"
 
 DESCRIPTION = """
 BERT inference over ONNX Runtime: classification, NER, multiple choice and extractive QA, also
@@ -54,9 +60,9 @@ responses a `Server-Timing` header (tokenize, queue, inference, postprocess).
 class ServiceState:
     settings: Settings
     metrics: Metrics
-    registry: Registry
+    registry: ModelTable  # the engine's Registry, or a front end's copy of its table (app/api/remote.py)
     in_flight: InFlight
-    control: ModelControl | None = None  # loads, swaps and unloads (app/engine/control.py)
+    control: ModelControl | RemoteControl | None = None  # loads, swaps and unloads (app/engine/control.py)
     cache: ResponseCache | None = None  # answers of the versions in service (RESPONSE_CACHE_MB); None: off
     shutting_down: bool = False
     loader: asyncio.Task | None = field(default=None, repr=False)
@@ -97,22 +103,32 @@ def _hook_termination(state: ServiceState) -> Callable[[], None]:
     return restore
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, engine_socket: str | None = None) -> FastAPI:
+    """The whole service in this process, or (`engine_socket`: app/serve.py's front ends) its front
+    end, with the engine process behind that socket."""
     settings = settings or Settings()
     configure_logging(settings.log_level)
     metrics = Metrics()
-    registry = Registry(settings, metrics)
     budget = int(settings.response_cache_mb * 2**20)
     cache = ResponseCache(budget, metrics) if budget else None
-    # The engine's model events reach the front end here: a loaded version gets its service, a
-    # retired one's answers leave the cache.
-    engine = Engine()
-    control = ModelControl(
-        registry,
-        engine,
-        make_service=lambda bundle: make_service(bundle, settings, engine),
-        on_retired=cache.drop_version if cache is not None else None,
-    )
+    on_retired = cache.drop_version if cache is not None else None
+    registry: ModelTable
+    control: ModelControl | RemoteControl
+    if engine_socket is None:
+        # The engine's model events reach the front end here: a loaded version gets its service,
+        # a retired one's answers leave the cache.
+        registry = Registry(settings, metrics)
+        engine = Engine()
+        control = ModelControl(
+            registry,
+            engine,
+            make_service=lambda bundle: make_service(bundle, settings, engine),
+            on_retired=on_retired,
+        )
+    else:
+        registry = FrontTable(settings, lambda bundle: make_service(bundle, settings, remote), on_retired)
+        remote = RemoteEngine(engine_socket, registry)
+        control = RemoteControl(remote, registry)
     state = ServiceState(
         settings=settings,
         metrics=metrics,
@@ -124,11 +140,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.registry.discover()  # ConfigError here stops the server: nothing sensible to serve
-        if fix_malloc_mmap_threshold(settings.malloc_mmap_threshold):  # before any session exists
-            log.debug("malloc mmap threshold fixed", extra={"bytes": settings.malloc_mmap_threshold})
-        # Loads every model, then watches MODELS_DIR when MODEL_POLL_S is set.
-        state.loader = asyncio.create_task(control.run(), name="load-bundles")
+        if isinstance(control, RemoteControl):
+            await control.engine.start()  # the engine's table arrives, and keeps arriving
+        else:
+            registry.discover()  # ConfigError here stops the server: nothing sensible to serve
+            if fix_malloc_mmap_threshold(settings.malloc_mmap_threshold):  # before any session exists
+                log.debug("malloc mmap threshold fixed", extra={"bytes": settings.malloc_mmap_threshold})
+            # Loads every model, then watches MODELS_DIR when MODEL_POLL_S is set.
+            state.loader = asyncio.create_task(control.run(), name="load-bundles")
         restore_signals = _hook_termination(state)
         try:
             yield
@@ -140,7 +159,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "shutdown grace period over with requests still in flight",
                     extra={"in_flight": state.in_flight.count},
                 )
-            if not state.loader.done():
+            if state.loader is not None and not state.loader.done():
                 state.loader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await state.loader
@@ -188,4 +207,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-app = create_app()
+app = create_app(engine_socket=os.environ.get(ENGINE_SOCKET_ENV))

@@ -17,6 +17,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
 
     models_dir: Path = Field(Path("models"), description="Directory whose sub-directories are bundles")
+    api_servers: int = Field(
+        1, ge=1, description="Front-end processes; above 1, one engine process serves them (app/serve.py)"
+    )
     device: Literal["auto", "cpu", "cuda", "simulated"] = "auto"
     simulated_batch_ms: float = Field(
         2.0, gt=0, description="DEVICE=simulated: wall time per batch of up to MAX_BATCH_SIZE rows, no CPU"

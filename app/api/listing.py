@@ -10,7 +10,8 @@ from app.errors import ServiceError
 from export.bundle import VARIANT_NOTES, batch_invariant
 
 if TYPE_CHECKING:
-    from app.engine.registry import Model, Registry
+    from app.engine.table import Model
+    from app.engine.table import ModelTable as Registry
 
 MB = 1 << 20
 

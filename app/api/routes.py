@@ -71,7 +71,7 @@ from app.errors import NoModel, Unauthorized
 from processing.tasks import TASKS
 
 if TYPE_CHECKING:
-    from app.engine.loader import Bundle
+    from app.engine.table import Bundle
 
 # Every route of `router` needs the API key when one is set: main.py includes it with the AUTH
 # dependency then, and without it otherwise (a no-op dependency still costs each request ~20 us).

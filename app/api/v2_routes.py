@@ -29,8 +29,7 @@ from app.api.v2_schemas import (
 from processing.tasks import TASKS
 
 if TYPE_CHECKING:
-    from app.engine.loader import Bundle
-    from app.engine.registry import Model
+    from app.engine.table import Bundle, Model
 
 SERVER_NAME = "bert-serving"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.engine.batcher import Batcher
@@ -37,6 +37,7 @@ class ModelControl:
         engine: Engine,
         make_service: Callable[[Bundle], Any] | None = None,
         on_retired: Callable[[str, str], None] | None = None,
+        before_retire: Callable[[], Awaitable[None]] | None = None,
     ):
         """`make_service` builds a version's front-end service when it loads (the entry module wires
         it; the engine knows nothing of the front end); `on_retired(model, version)` is the event a
@@ -45,6 +46,9 @@ class ModelControl:
         self.engine = engine
         self.make_service = make_service
         self.on_retired = on_retired
+        # In the engine process: publish the table without the version, and wait until every front
+        # end has applied it (app/engine/process.py), before the version's batcher stops.
+        self.before_retire = before_retire
         self.settings, self.metrics = registry.settings, registry.metrics
         self._load_lock = asyncio.Lock()  # one load at a time: CPU, and a clean memory measure
         self._retiring: set[asyncio.Task] = set()
@@ -202,6 +206,8 @@ class ModelControl:
         """Wait for the requests `bundle` is serving (up to SHUTDOWN_GRACE_S), then close it."""
         loop = asyncio.get_running_loop()
         started = loop.time()
+        if self.before_retire is not None:
+            await self.before_retire()
         if bundle.leases > 0:
             bundle.idle = asyncio.Event()
             with contextlib.suppress(asyncio.TimeoutError):

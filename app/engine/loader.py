@@ -9,27 +9,23 @@ other models meanwhile can still move RSS a little, so the figure is approximate
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from app.engine.batcher import Batcher
 from app.engine.protocol import Item
 from app.engine.reduce import Work, batch_functions
 from app.engine.repository import VersionDir, manifest_digest
 from app.engine.runtime import RuntimePool, SessionTuning, choose_variant, create_runtime
 from app.engine.simulated import SimulatedRuntime
+from app.engine.table import Bundle
 from app.errors import MemoryLimitExceeded
 from export.bundle import (
     MANIFEST_NAME,
     BundleError,
-    BundleManifest,
     batch_invariant,
     load_bundle_manifest,
     verify_bundle_files,
@@ -55,33 +51,6 @@ class SessionPlan:
     @property
     def sessions(self) -> int:
         return self.instances + (1 if self.solo_threads else 0)
-
-
-@dataclass
-class Bundle:
-    """One version of a model, loaded: what a request is served by from start to end."""
-
-    name: str  # the model's name (its directory in MODELS_DIR)
-    version: str
-    path: Path
-    manifest: BundleManifest
-    digest: str = ""
-    signature: tuple = ()  # the files it was loaded from (repository.VersionDir.signature)
-    variant: str | None = None
-    device: str | None = None
-    threads: int | None = None
-    tokenizer: TextTokenizer | None = None
-    runtime: RuntimePool | None = None
-    batcher: Batcher | None = None
-    service: Any = None  # the front end's service for this version (made by ModelControl.make_service)
-    load_seconds: float | None = None
-    memory_bytes: int | None = None
-    leases: int = 0  # requests being served by this version right now
-    idle: asyncio.Event | None = None  # set when a retiring version's last request finishes
-
-    @property
-    def task(self) -> str:
-        return self.manifest.task
 
 
 def collate_for(task: str, pad_id: int) -> Callable[[list[Work]], dict[str, np.ndarray]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -65,8 +66,13 @@ class Metrics:
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
+        # Gauges say how several processes' values add up (API_SERVERS > 1: app/serve.py).
         self.queue_depth = Gauge(
-            "bert_queue_depth", "Work items waiting for a batch", ["task", "model"], registry=r
+            "bert_queue_depth",
+            "Work items waiting for a batch",
+            ["task", "model"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.rejected = Counter(
             "bert_rejected", "Work refused or dropped", ["task", "reason", "model"], registry=r
@@ -76,12 +82,14 @@ class Metrics:
             "1 while a verified version of the model serves",
             ["task", "model"],
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.model_memory = Gauge(
             "bert_model_memory_bytes",
             "Resident memory the serving version took to load",
             ["model"],
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.model_loads = Counter(
             "bert_model_loads",
@@ -89,7 +97,9 @@ class Metrics:
             ["model", "result"],
             registry=r,
         )
-        self.in_flight = Gauge("bert_in_flight_requests", "Requests being served", registry=r)
+        self.in_flight = Gauge(
+            "bert_in_flight_requests", "Requests being served", registry=r, multiprocess_mode="livesum"
+        )
         # The response cache (RESPONSE_CACHE_MB, app/api/cache.py): bert_cache_hits_total, ...
         self.cache_hits = Counter(
             "bert_cache_hits", "Answers served from the response cache", ["model"], registry=r
@@ -100,7 +110,9 @@ class Metrics:
         self.cache_evictions = Counter(
             "bert_cache_evictions", "Cached answers evicted to fit RESPONSE_CACHE_MB", ["model"], registry=r
         )
-        self.cache_bytes = Gauge("bert_cache_bytes", "Bytes the response cache holds", registry=r)
+        self.cache_bytes = Gauge(
+            "bert_cache_bytes", "Bytes the response cache holds", registry=r, multiprocess_mode="livesum"
+        )
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
     def child(self, metric: Any, *values: str) -> Any:
@@ -129,6 +141,14 @@ class Metrics:
                 pass
 
     def render(self) -> bytes:
+        """This process's metrics; with several processes (PROMETHEUS_MULTIPROC_DIR, set by
+        app/serve.py), every process's, added up: any front end's /metrics shows the whole service."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            merged = CollectorRegistry()
+            multiprocess.MultiProcessCollector(merged)
+            return generate_latest(merged)
         return generate_latest(self.registry)
 
 

@@ -1,0 +1,3 @@
+from app.serve import main
+
+raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Every failure the service reports, in one hierarchy, typed and free of HTTP.
 
 Services, the batcher, the registry, routes and middleware raise these (or, in ASGI middleware,
-build them); app/http/errors.py maps each class to its status, error code and headers in one table.
+build them); app/api/error_table.py maps each class to its status, error code and headers in one table.
 The message is written for the client; `field` names the offending field, if any.
 """
 

@@ -23,15 +23,15 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
-from app.backend.runtime import fix_malloc_mmap_threshold
-from app.core.task_service import TEI_HEADERS
-from app.http.admin import router as admin_router
-from app.http.errors import install_error_handlers
-from app.http.middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
-from app.http.routes import AUTH, open_router, router
-from app.http.v2_routes import router as v2_router
-from app.models.control import ModelControl
-from app.models.registry import Registry
+from app.engine.runtime import fix_malloc_mmap_threshold
+from app.api.serving.task_service import TEI_HEADERS
+from app.api.admin import router as admin_router
+from app.api.error_table import install_error_handlers
+from app.api.middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
+from app.api.routes import AUTH, open_router, router
+from app.api.v2_routes import router as v2_router
+from app.engine.control import ModelControl
+from app.engine.registry import Registry
 from app.observe.logs import configure_logging, flush_logs
 from app.observe.metrics import Metrics
 from app.settings import Settings
@@ -53,7 +53,7 @@ class ServiceState:
     metrics: Metrics
     registry: Registry
     in_flight: InFlight
-    control: ModelControl | None = None  # loads, swaps and unloads (app/models/control.py)
+    control: ModelControl | None = None  # loads, swaps and unloads (app/engine/control.py)
     shutting_down: bool = False
     loader: asyncio.Task | None = field(default=None, repr=False)
 

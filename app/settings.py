@@ -23,7 +23,7 @@ class Settings(BaseSettings):
     model_instances: int = Field(
         0,
         ge=0,
-        description="Sessions per model running batches side by side; 0 = auto (see app/backend/runtime.py)",
+        description="Sessions per model running batches side by side; 0 = auto (see app/engine/runtime.py)",
     )
     solo_session: bool = Field(
         True,
@@ -76,7 +76,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     default_bundles: str = ""
     classify_long_text: Literal["truncate", "windows"] = "truncate"
-    # Request shapes vary per batch: SessionTuning in app/backend/runtime.py, docs/decisions.md (ort_memory).
+    # Request shapes vary per batch: SessionTuning in app/engine/runtime.py, docs/decisions.md (ort_memory).
     ort_spinning: Literal["auto", "on", "off"] = Field(
         "auto", description="Idle ORT threads spin-wait; auto = on only when one model has the cores"
     )

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from app.backend.runtime import create_runtime, providers_for, session_options
+from app.engine.runtime import create_runtime, providers_for, session_options
 from benchmarks import bench_common as common
 from benchmarks import loadgen
 from benchmarks.loadgen_payloads import SENTENCES, make_payload

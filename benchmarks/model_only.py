@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.backend.runtime import CPU_BATCH_TOKENS, create_runtime
+from app.engine.runtime import CPU_BATCH_TOKENS, create_runtime
 from app.settings import available_cores
 from benchmarks.bench_common import timed
 from benchmarks.loadgen import percentiles
@@ -24,7 +24,7 @@ from processing import qa as qa_proc
 from processing.padding import pad_batch
 from processing.tokenizer import Encoding, TextTokenizer
 
-# The service's batching limits on a CPU (app/settings.py and app/backend/runtime.py defaults).
+# The service's batching limits on a CPU (app/settings.py and app/engine/runtime.py defaults).
 MAX_BATCH_SIZE = 32
 MAX_BATCH_TOKENS = CPU_BATCH_TOKENS
 WINDOW_OVERLAP = 32

@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from app.backend.runtime import choose_variant
+from app.engine.runtime import choose_variant
 from benchmarks import bench_common as common
 from benchmarks import reliability as rel
 from benchmarks.rawhttp import ConnectionPool, HTTPError, encode_request, post_json

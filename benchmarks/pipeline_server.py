@@ -19,7 +19,7 @@ import numpy as np
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.backend.runtime import choose_variant
+from app.engine.runtime import choose_variant
 from export.bundle import DEFAULT_QA, load_bundle_manifest, verify_bundle_files
 from export.int8_precision import exact_int8
 

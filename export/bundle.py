@@ -98,7 +98,7 @@ class BundleManifest:
     # Rules training used that serving repeats: word_split (NER), window_overlap.
     preprocessing: dict[str, Any] = field(default_factory=dict)
     # A classify model trained to score (query, passage) pairs: /rerank's default, and /classify's
-    # only when no other classify model serves (app.models.registry); set by training or export.
+    # only when no other classify model serves (app.engine.registry); set by training or export.
     reranker: bool = False
     verification: dict[str, Any] = field(default_factory=dict)
     optimization: dict[str, Any] = field(default_factory=dict)

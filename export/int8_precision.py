@@ -7,7 +7,7 @@ Without them (AVX2, AVX-512 without VNNI) it adds pairs of products in 16 bits, 
 111,651 (docs/decisions.md), and the defaults lost up to 0.85 F1. onnxruntime's
 `session.x64quantprecision` rewrites the int8 weights to uint8 at load, which takes an exact
 widening kernel. It is asked for only where the CPU lacks VNNI/AMX: there it restores exactness,
-elsewhere the fast kernel already is exact. Serving (app.backend.runtime) and offline evaluation and
+elsewhere the fast kernel already is exact. Serving (app.engine.runtime) and offline evaluation and
 export checks (export.verify) both open their sessions through `exact_int8`.
 """
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Tensor:
-    """One named tensor of a task's KServe V2 / Open Inference Protocol interface (app/http/v2.py).
+    """One named tensor of a task's KServe V2 / Open Inference Protocol interface (app/api/v2.py).
 
     The first axis is always the batch: row i of every input makes the i-th native request, and
     its native answer makes row i of every output. An input fills the request field of its name;
@@ -63,7 +63,7 @@ class TaskSpec:
     architectures: tuple[str, ...] = ()
     # Fine-tuned by train/ (a reader, features, a metric); False: served as exported, never trained.
     trained: bool = True
-    # Other protocols' routes onto this task's service (app/http/routes.py), counted as the task's own.
+    # Other protocols' routes onto this task's service (app/api/routes.py), counted as the task's own.
     protocol_paths: tuple[str, ...] = ()
 
     @property

@@ -21,9 +21,9 @@ def test_the_registry_imports_without_torch_or_the_app() -> None:
 
 def test_the_service_follows_the_registry() -> None:
     from app import settings
-    from app.core import services
-    from app.http import middleware, schemas
-    from app.http.routes import router
+    from app.api.serving import services
+    from app.api import middleware, schemas
+    from app.api.routes import router
 
     assert settings.TASK_NAMES == TASK_NAMES
     assert middleware.TASK_PATHS == TASK_PATHS
@@ -95,7 +95,7 @@ def test_a_route_gets_its_task_service_typed() -> None:
 
     import pytest
 
-    from app.core.services import ClassifyService, QAService, service_of
+    from app.api.serving.services import ClassifyService, QAService, service_of
 
     qa = QAService.__new__(QAService)  # no bundle needed to check the lookup
     bundle = SimpleNamespace(name="squad", service=qa)

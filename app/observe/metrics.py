@@ -90,7 +90,7 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge("bert_in_flight_requests", "Requests being served", registry=r)
-        # The response cache (RESPONSE_CACHE_MB, app/core/cache.py): bert_cache_hits_total, ...
+        # The response cache (RESPONSE_CACHE_MB, app/api/cache.py): bert_cache_hits_total, ...
         self.cache_hits = Counter(
             "bert_cache_hits", "Answers served from the response cache", ["model"], registry=r
         )

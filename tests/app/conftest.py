@@ -92,7 +92,7 @@ def add_version(app_bundles):
 
 def served_file(bundle_dir: Path) -> Path:
     """The ONNX file the service loads from this bundle on a CPU (CPU_VARIANT's default)."""
-    from app.backend.runtime import choose_variant
+    from app.engine.runtime import choose_variant
     from export.bundle import load_bundle_manifest
 
     manifest = load_bundle_manifest(bundle_dir)

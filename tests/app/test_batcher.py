@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from app.core.batch_types import BatcherClosed, ItemResult, QueueFull, TooLarge, WorkItem
-from app.core.batcher import Batcher
+from app.engine.batch_types import BatcherClosed, ItemResult, QueueFull, TooLarge, WorkItem
+from app.engine.batcher import Batcher
 
 
 def collate(payloads: list[np.ndarray]) -> dict[str, np.ndarray]:

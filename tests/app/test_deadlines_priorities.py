@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from app.core.batch_types import DeadlineExceeded, Priority, Schedule, WorkItem
-from app.core.batcher import Batcher
+from app.engine.batch_types import DeadlineExceeded, Priority, Schedule, WorkItem
+from app.engine.batcher import Batcher
 from tests.app.test_batcher import RecordingObserver, collate, item
 
 

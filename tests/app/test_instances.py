@@ -9,16 +9,16 @@ import time
 import numpy as np
 import pytest
 
-from app.backend.runtime import (
+from app.engine.runtime import (
     OrtRuntime,
     RuntimePool,
     resolve_batch_tokens,
     resolve_instances,
     resolve_padding_factor,
 )
-from app.core.batch_types import WorkItem
-from app.core.batcher import Batcher, ComputeSlots
-from app.core.task_service import INLINE_CHARS, cpu_step
+from app.engine.batch_types import WorkItem
+from app.engine.batcher import Batcher, ComputeSlots
+from app.api.serving.task_service import INLINE_CHARS, cpu_step
 from app.settings import available_cores
 from tests.app.conftest import bundle_of, serving
 from tests.app.test_batching import assert_same, mixed_requests

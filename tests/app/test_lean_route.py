@@ -1,4 +1,4 @@
-"""LeanRoute (app/http/lean_route.py) answers exactly as FastAPI's own handler, and takes its short
+"""LeanRoute (app/api/lean_route.py) answers exactly as FastAPI's own handler, and takes its short
 path only where it should: twin apps, one per route class, get the same requests."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from fastapi import APIRouter, BackgroundTasks, Depends, FastAPI, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.http.lean_route import LeanRoute, is_plain_json
+from app.api.lean_route import LeanRoute, is_plain_json
 from tests.app.conftest import serving
 
 

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from app.backend.runtime import YOUNG_OBJECTS
+from app.engine.runtime import YOUNG_OBJECTS
 from app.main import ServiceState, _hook_termination, create_app
-from app.models import loader
-from app.models.registry import ConfigError
+from app.engine import loader
+from app.engine.registry import ConfigError
 from app.observe.logs import flush_logs
 from app.settings import Settings
 from tests.app.conftest import bundle_of, serving, wait_ready
@@ -128,14 +128,14 @@ async def test_default_bundles_must_name_a_model_of_the_task(make_models_dir, tm
 
 
 async def test_device_cuda_refused_without_cuda(models_dir, monkeypatch):
-    monkeypatch.setattr("app.models.registry.available_providers", lambda: ["CPUExecutionProvider"])
+    monkeypatch.setattr("app.engine.registry.available_providers", lambda: ["CPUExecutionProvider"])
     await expect_config_error(models_dir, "DEVICE=cuda", device="cuda")
 
 
 async def test_cuda_session_that_falls_back_fails_the_bundle(make_models_dir, monkeypatch):
     """ORT can drop CUDA silently; the bundle must then fail, never serve on CPU."""
-    import app.models.registry as registry_module
-    from app.backend import runtime as runtime_module
+    import app.engine.registry as registry_module
+    from app.engine import runtime as runtime_module
 
     monkeypatch.setattr(
         registry_module, "available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]

@@ -195,7 +195,7 @@ async def test_loads_beyond_the_memory_limit_are_refused(tmp_path, add_version, 
         assert "hold at least" in sst["error"]
 
     # Measured after the warm-up: a version that grew the process by more than the room left is dropped.
-    from app.models import loader
+    from app.engine import loader
 
     real = loader.resident_bytes
     async with serving(root, admin_api_key=ADMIN_KEY, max_models_memory_mb=64) as (_, client):

@@ -137,7 +137,7 @@ class OverlapCounter:
 
 
 async def test_ten_models_share_two_cores_without_oversubscription(tmp_path, add_version, monkeypatch):
-    monkeypatch.setattr("app.models.registry.available_cores", lambda: 2)
+    monkeypatch.setattr("app.engine.registry.available_cores", lambda: 2)
     root = tmp_path / "models"
     names = [f"m{i}" for i in range(10)]
     for name in names:

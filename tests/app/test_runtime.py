@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from app.backend.runtime import (
+from app.engine.runtime import (
     CPU_EP,
     CUDA_EP,
     OrtRuntime,

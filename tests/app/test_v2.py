@@ -354,7 +354,7 @@ async def test_v2_requests_are_counted_by_route_not_by_name(models_dir):
 
 
 async def test_v2_infer_counts_against_its_task_s_in_flight_limit(models_dir):
-    from app.http.middleware import inference_task
+    from app.api.middleware import inference_task
 
     async with serving(models_dir) as (app, _):
         scope = {"type": "http", "method": "POST", "app": app}

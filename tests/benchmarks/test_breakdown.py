@@ -15,17 +15,17 @@ def test_each_sample_goes_to_its_innermost_named_stage():
     ]
     assert stage_of(["<module> (x.py:1)", "Runner.run (asyncio/runners.py:118)"]) == "idle"
     assert (
-        stage_of([*cycle, "classify (app/http/routes.py:9)", "encode (processing/tokenizer.py:3)"])
+        stage_of([*cycle, "classify (app/api/routes.py:9)", "encode (processing/tokenizer.py:3)"])
         == "tokenize"
     )
-    assert stage_of([*cycle, "ClassifyService.__call__ (app/core/services.py:9)"]) == "service glue"
+    assert stage_of([*cycle, "ClassifyService.__call__ (app/api/serving/services.py:9)"]) == "service glue"
     # The innermost frame a rule names wins: pydantic inside serialize_response is serializing.
     assert (
         stage_of([*cycle, "serialize_response (fastapi/routing.py:1)", "dump_json (pydantic/x.py:1)"])
         == "serialize"
     )
     assert (
-        stage_of([*cycle, "OrtRuntime.run (app/backend/runtime.py:1)", "run (onnxruntime/x.py:2)"])
+        stage_of([*cycle, "OrtRuntime.run (app/engine/runtime.py:1)", "run (onnxruntime/x.py:2)"])
         == "ORT run"
     )
     assert (
@@ -46,7 +46,7 @@ def test_samples_become_thread_time_per_request():
             f"{LOOP} 150",  # idle
             f"{LOOP};run_asgi (uvicorn/protocols/http/x.py:1);encode (processing/tokenizer.py:3) 50",
             f"{WORKER};_worker (concurrent/futures/thread.py:1) 100",  # an idle worker
-            f"{WORKER};Batcher._infer (app/core/batcher.py:1);run (onnxruntime/x.py:2) 100",
+            f"{WORKER};Batcher._infer (app/engine/batcher.py:1);run (onnxruntime/x.py:2) 100",
         ]
     )
     samples = parse_raw(raw)

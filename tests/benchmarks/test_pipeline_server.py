@@ -80,7 +80,7 @@ async def test_loadgen_drives_it_in_process(app):
 
 async def test_classify_scores_match_our_onnx_bundle(app, tiny_bundles):
     """The baseline loads the very weights the bundle was exported from."""
-    from app.backend.runtime import create_runtime
+    from app.engine.runtime import create_runtime
     from export.bundle import load_bundle_manifest
     from processing.padding import pad_batch, softmax
     from processing.tokenizer import TextTokenizer

@@ -58,7 +58,7 @@ def config_entry(options, key: str) -> str | None:
 def test_the_service_asks_for_exact_int8_by_the_cpus_flags(monkeypatch, flags, asked):
     """Both CPU classes, whatever CPU runs the suite: the flags are injected."""
     pytest.importorskip("onnxruntime")
-    from app.backend.runtime import session_options
+    from app.engine.runtime import session_options
     from export import int8_precision
 
     monkeypatch.setattr(int8_precision.platform, "machine", lambda: "x86_64")
@@ -101,12 +101,12 @@ def worst_case(seed: int = 0):
 
 
 def test_sessions_for_serving_and_evaluation_add_up_exactly():
-    """The worst case through the sessions the service (app.backend.runtime) and offline evaluation and
+    """The worst case through the sessions the service (app.engine.runtime) and offline evaluation and
     export checks (export.verify) open, with this CPU's real flags: exact on any CPU, whichever
     branch `needs_exact_int8` takes here."""
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
-    from app.backend.runtime import session_options
+    from app.engine.runtime import session_options
     from export.verify import make_session
 
     weights, codes, exact = worst_case()
@@ -123,7 +123,7 @@ def test_the_exact_kernel_is_exact_on_any_cpu(monkeypatch):
     the suite: its widening kernel adds up exactly everywhere, so asking for it is always safe."""
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
-    from app.backend.runtime import session_options
+    from app.engine.runtime import session_options
     from export import int8_precision
     from export.verify import make_session
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import export.pipeline as pipeline
-from app.backend.runtime import choose_variant
+from app.engine.runtime import choose_variant
 from export import export_bundle
 from export.bundle import load_bundle_manifest
 from export.invariance import INVARIANCE_TOLERANCE, batch_invariance, row_alone
@@ -61,7 +61,7 @@ def test_default_cpu_variant_is_batch_invariant_for_every_task(bundles, task):
 def test_rows_alone_on_every_core_equal_rows_batched_on_one(bundles, task):
     """The service runs a lone request on a session with all the model's cores (the solo session)
     and batches on single-threaded ones: a row must come out the same either way."""
-    from app.backend.runtime import SessionTuning, create_runtime
+    from app.engine.runtime import SessionTuning, create_runtime
 
     manifest = load_bundle_manifest(bundles[task])
     default = choose_variant("cpu", manifest.variants)

@@ -65,7 +65,7 @@ async def test_api_key_is_compared_in_constant_time(models_dir, monkeypatch):
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr("app.http.routes.hmac.compare_digest", spy)
+    monkeypatch.setattr("app.api.routes.hmac.compare_digest", spy)
     async with serving(models_dir, api_key="s3cret") as (_, client):
         wrong = await client.post(
             "/classify", json=VALID["/classify"], headers={"authorization": "Bearer s3creT"}
@@ -212,7 +212,7 @@ async def test_internal_errors_carry_no_stack_trace(models_dir, monkeypatch, whe
             monkeypatch.setattr(bundle, "service", explode)
         else:
             explode_timings = lambda: (_ for _ in ()).throw(KeyError(secret_path))  # noqa: E731
-            monkeypatch.setattr("app.http.routes.Timings", explode_timings)
+            monkeypatch.setattr("app.api.routes.Timings", explode_timings)
         response = await client.post("/ner", json=VALID["/ner"])
     assert response.status_code == 500 and response.headers["content-type"] == "application/json"
     body = response.json()

@@ -26,10 +26,10 @@ import numpy as np
 from tokenizers import Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 
-from app.backend.runtime import RuntimeConfigError, RuntimePool, SessionTuning, choose_variant, create_runtime
-from app.core.batcher import Batcher
+from app.engine.batcher import Batcher
+from app.engine.runtime import RuntimeConfigError, RuntimePool, SessionTuning, choose_variant, create_runtime
 from app.errors import MemoryLimitExceeded
-from app.models.repository import VersionDir, manifest_digest
+from app.engine.repository import VersionDir, manifest_digest
 from export.bundle import (
     MANIFEST_NAME,
     BundleError,
@@ -45,7 +45,7 @@ from processing.tasks import TASKS
 from processing.tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
-    from app.core.task_service import TaskService
+    from app.api.serving.task_service import TaskService
 
 MB = 1 << 20
 
@@ -81,7 +81,7 @@ class Bundle:
     tokenizer: TextTokenizer | None = None
     runtime: RuntimePool | None = None
     batcher: Batcher | None = None
-    service: TaskService | None = None  # app/core/services.py, made by app/models/control.py
+    service: TaskService | None = None  # app/api/serving/services.py, made by app/engine/control.py
     load_seconds: float | None = None
     memory_bytes: int | None = None
     leases: int = 0  # requests being served by this version right now

@@ -1,0 +1,213 @@
+"""Pure ASGI middleware: request ids, access logs and request metrics; the request body limit."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import BodyTooLarge, InternalError, Overloaded
+from app.api.error_table import ERRORS, RETRY_AFTER_S, domain_error_response, is_v2_path, v2_errors
+from app.observe.logs import new_request_id, request_id_var
+from app.observe.metrics import Metrics
+from processing.tasks import TASK_PATHS
+
+log = logging.getLogger("app.access")
+
+KNOWN_PATHS = set(TASK_PATHS) | {
+    "/health",
+    "/ready",
+    "/metrics",
+    "/models",
+    "/v1/models",
+    "/tokenize",
+    "/docs",
+    "/openapi.json",
+    "/redoc",
+    "/v2",
+    "/v2/health/live",
+    "/v2/health/ready",
+}
+QUIET_PATHS = {"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"}
+ADMIN_PREFIX = "/admin/"
+MODEL_SCOPE_KEY = "bert.model"  # set by the route to the model that served the request
+# /v2/models/{name}[/versions/{version}][/ready | /infer]: labelled by the route, never the raw name.
+V2_MODEL_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?(?P<verb>/ready|/infer)?$")
+
+
+def endpoint_label(path: str) -> str:
+    # Raw paths would let any client create unbounded metric label values.
+    if path.startswith(ADMIN_PREFIX):
+        return "/admin"
+    v2 = V2_MODEL_PATH.match(path)
+    if v2:
+        return "/v2/models/{name}" + (v2["verb"] or "")
+    return path if path in KNOWN_PATHS else "other"
+
+
+def inference_task(scope: Scope) -> str | None:
+    """The task a POST is inference for (its in-flight limit): a task route's, or a V2 infer's
+    model's (looked up by name; an unknown name goes through, to be answered 404 by the route)."""
+    path = scope["path"]
+    if path in TASK_PATHS:
+        return TASK_PATHS[path]
+    v2 = V2_MODEL_PATH.match(path)
+    if v2 and v2["verb"] == "/infer" and "app" in scope:
+        model = scope["app"].state.service_state.registry.models.get(v2["name"])
+        return model.task if model is not None else None
+    return None
+
+
+class InFlight:
+    """Requests being served; shutdown waits for this to reach zero."""
+
+    def __init__(self, metrics: Metrics):
+        self.count = 0
+        self._gauge = metrics.in_flight
+
+    def enter(self) -> None:
+        self.count += 1
+        self._gauge.inc()
+
+    def leave(self) -> None:
+        self.count -= 1
+        self._gauge.dec()
+
+
+class AdmissionMiddleware:
+    """Refuse an inference request with 429 when its task already has `max_in_flight` requests
+    being served. It sits inside BodyLimitMiddleware: a request counts once its body is in, so
+    clients that send slowly never hold a slot.
+
+    The batcher's queue bound alone is not enough under overload: a refused request would first be
+    parsed, validated and tokenized, which costs nearly as much CPU as serving it, so refusals would
+    wait behind the backlog, and every waiting request would hold its parsed body in memory.
+    """
+
+    def __init__(self, app: ASGIApp, max_in_flight: int, metrics: Metrics):
+        self.app, self.max_in_flight, self.metrics = app, max_in_flight, metrics
+        self.active = dict.fromkeys(TASK_PATHS.values(), 0)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = inference_task(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if task is None or task not in self.active:
+            await self.app(scope, receive, send)
+            return
+        if self.active[task] >= self.max_in_flight:
+            self.metrics.rejected.labels(task=task, reason="in_flight_limit", model="").inc()
+            message = (
+                f"server is busy: {self.active[task]} {task} requests in flight (MAX_IN_FLIGHT); "
+                f"retry after {RETRY_AFTER_S}s"
+            )
+            response = domain_error_response(Overloaded(message), message)
+            await response(scope, receive, send)
+            return
+        self.active[task] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active[task] -= 1
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics, in_flight: InFlight):
+        self.app, self.metrics, self.in_flight = app, metrics, in_flight
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = new_request_id(Headers(scope=scope).get("x-request-id"))
+        token = request_id_var.set(request_id)
+        family = v2_errors.set(is_v2_path(scope["path"]))  # which error body the request gets
+        endpoint = endpoint_label(scope["path"])
+        state: dict[str, Any] = {"status": ERRORS[InternalError].status, "started": False}
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                state["status"], state["started"] = message["status"], True
+                MutableHeaders(scope=message)["X-Request-ID"] = request_id
+            await send(message)
+
+        started = time.perf_counter()
+        self.in_flight.enter()
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            # Last line of defence: log the traceback, answer a bare 500 without it.
+            log.exception("unhandled error", extra={"path": scope["path"]})
+            message = f"internal server error (request id {request_id})"
+            response = domain_error_response(InternalError(message), message)
+            state["status"] = response.status_code
+            if not state["started"]:
+                await response(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            self.in_flight.leave()
+            status = str(state["status"])
+            model = scope.get(MODEL_SCOPE_KEY, "")
+            self.metrics.child(self.metrics.requests, endpoint, status, model).inc()
+            self.metrics.child(self.metrics.latency, endpoint, model).observe(elapsed)
+            log.log(
+                logging.DEBUG if scope["path"] in QUIET_PATHS else logging.INFO,
+                "request",
+                extra={
+                    "method": scope.get("method"),
+                    "path": scope["path"],
+                    "status": state["status"],
+                    "duration_ms": round(elapsed * 1000, 2),
+                    **({"model": model} if model else {}),
+                },
+            )
+            request_id_var.reset(token)
+            v2_errors.reset(family)
+
+
+class BodyLimitMiddleware:
+    """Read the whole body up to `max_bytes` before the app sees it: 413 beyond, without buffering more."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics):
+        self.app, self.max_bytes, self.metrics = app, max_bytes, metrics
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, size: str) -> None:
+        task = TASK_PATHS.get(scope["path"], "none")
+        self.metrics.rejected.labels(task=task, reason="payload_too_large", model="").inc()
+        message = f"request body is {size} bytes; the limit is {self.max_bytes} (MAX_BODY_BYTES)"
+        response = domain_error_response(BodyTooLarge(message, "body"), message, "body")
+        await response(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(scope, receive, send, declared)
+            return
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # client gone before it finished sending
+            body = message.get("body", b"")
+            total += len(body)
+            if total > self.max_bytes:
+                await self._reject(scope, receive, send, f"more than {self.max_bytes}")
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # after the body: wait for the disconnect, as the server would
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,399 @@
+"""Request and response models. The examples are what /docs offers to "Try it out"."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    RootModel,
+    StrictBool,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from app.api.scheduling import MAX_TIMEOUT_MS, PRIORITY_HEADER, TIMEOUT_HEADER
+from app.engine.repository import MODEL_NAME
+
+
+def _check_text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty or only whitespace")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # lone surrogates such as "\ud800" survive JSON decoding
+        raise ValueError(f"contains a character that is not valid Unicode at position {e.start}") from None
+    return value
+
+
+# "Has a character that str.strip() keeps", spelt out: JSON Schema's \S (ECMA-262) and Python's
+# whitespace differ (U+0085, U+001C-U+001F, U+FEFF). The schema then says what _check_text checks,
+# so schema-driven clients (and fuzzers) send valid text.
+NOT_ONLY_WHITESPACE = r"[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+Text = Annotated[
+    str,
+    AfterValidator(_check_text),
+    Field(json_schema_extra={"minLength": 1, "pattern": NOT_ONLY_WHITESPACE}),
+]
+Aggregation = Literal["none", "simple", "first", "average", "max"]
+
+
+def _json_integer(value: object) -> object:
+    # `"top_k": true` or `"top_k": "2"` is an error, not a silent 1 or 2; 2.0 is a JSON integer.
+    if isinstance(value, (bool, str)):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+def _bounded_int(ge: int, le: int | None = None) -> Any:
+    # Bounds before the validator: pydantic then writes them into the schema as minimum/maximum.
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_json_integer)]
+
+
+ClassifyTopK = _bounded_int(1)
+AnswerCount = _bounded_int(1, 20)
+AnswerTokens = _bounded_int(1, 512)
+StrideTokens = _bounded_int(0, 512)
+Dimensions = _bounded_int(1)
+
+
+ModelName = Annotated[
+    str,
+    Field(
+        pattern=MODEL_NAME.pattern,
+        description="The model to serve this request (a name from /models); default: the task's default",
+    ),
+]
+
+
+class Strict(BaseModel):
+    # A misspelt field ("txt") is an error that names it, not a silently ignored key.
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+TimeoutMs = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=MAX_TIMEOUT_MS,
+        description="Deadline in ms from when the body is read: work still queued then is dropped and the "
+        f"request answers 504 (header: {TIMEOUT_HEADER})",
+    ),
+    BeforeValidator(_json_integer),
+]
+PriorityName = Annotated[
+    Literal["high", "normal"],
+    Field(
+        description="high: batched before normal work younger than PRIORITY_AGING_MS "
+        f"(header: {PRIORITY_HEADER})"
+    ),
+]
+
+
+class Request(Strict):
+    """A task request: the `model` field picks the model by name (see app/README.md); `timeout_ms` and
+    `priority` schedule it (app/api/scheduling.py)."""
+
+    model: ModelName | None = None
+    timeout_ms: TimeoutMs | None = None
+    priority: PriorityName | None = None
+
+
+# ----------------------------------------------------------------------------- classify
+
+
+class ClassifyInput(Strict):
+    text: Text
+    text_pair: Text | None = None
+
+
+class ClassifyRequest(Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [
+                {"text": "this movie was great fun", "top_k": 2},
+                {"inputs": [{"text": "a great film"}, {"text": "boring", "text_pair": "a terrible movie"}]},
+            ],
+            # What `_one_form` checks: a text, or a batch (with the pairs inside its elements).
+            "oneOf": [
+                {
+                    "required": ["text"],
+                    "properties": {"text": {"type": "string"}, "inputs": {"type": "null"}},
+                },
+                {
+                    "required": ["inputs"],
+                    "properties": {
+                        "inputs": {"type": "array"},
+                        "text": {"type": "null"},
+                        "text_pair": {"type": "null"},
+                    },
+                },
+            ],
+        },
+    )
+    text: Text | None = Field(None, description="One text; or use `inputs` for a batch")
+    text_pair: Text | None = Field(None, description="Optional second segment (sentence-pair tasks)")
+    inputs: list[ClassifyInput] | None = Field(None, min_length=1, description="A batch of texts")
+    top_k: ClassifyTopK | None = Field(None, description="Return only the k best labels (default: all)")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ClassifyRequest:
+        if (self.text is None) == (self.inputs is None):
+            raise ValueError("give either 'text' (one input) or 'inputs' (a batch), not both or neither")
+        if self.inputs is not None and self.text_pair is not None:
+            raise ValueError("'text_pair' goes inside each element of 'inputs' for a batch")
+        return self
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class ClassifyResult(BaseModel):
+    label: str
+    score: float = Field(description="Probability of `label`; the predicted value for regression")
+    scores: list[LabelScore] = Field(description="Labels by decreasing probability (sum to 1 when complete)")
+    value: float | None = Field(None, description="Regression output (regression bundles only)")
+    truncated: bool = Field(description="True when the text was cut to the model's max_seq_len")
+    windows: int = Field(description="Windows averaged (CLASSIFY_LONG_TEXT=windows), else 1")
+
+
+class ClassifyBatchResponse(BaseModel):
+    results: list[ClassifyResult]
+
+
+# ----------------------------------------------------------------------------- ner
+
+
+class NERRequest(Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={"examples": [{"text": "John Smith lives in New York.", "aggregation": "first"}]},
+    )
+    text: Text
+    aggregation: Aggregation = Field(
+        "first",
+        description="none: one entry per token; simple: join tokens; first/average/max: one label per "
+        "word from its first / averaged / most confident sub-token",
+    )
+
+
+class EntityOut(BaseModel):
+    entity: str = Field(description="Entity type (for aggregation=none, the token label such as B-PER)")
+    text: str = Field(description="Equal to input[start:end]")
+    start: int = Field(description="Character offset, inclusive")
+    end: int = Field(description="Character offset, exclusive")
+    score: float
+
+
+class NERResponse(BaseModel):
+    entities: list[EntityOut]
+    windows: int = Field(description="Overlapping windows the text was split into")
+
+
+# ----------------------------------------------------------------------------- multiple choice
+
+
+class ChoiceRequest(Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [
+                {
+                    "context": "The cat sat on the mat.",
+                    "question": "Where did the cat sit?",
+                    "choices": ["on the mat", "in the river", "at the house"],
+                }
+            ]
+        },
+    )
+    context: Text
+    question: Text | None = Field(None, description="Optional; a '_' in it is filled with each choice")
+    choices: list[Text] = Field(min_length=2, description="At least two candidate answers")
+
+
+class ChoiceResponse(BaseModel):
+    best: int = Field(description="Index of the best choice")
+    choice: str = Field(description="Text of the best choice")
+    scores: list[float] = Field(description="Softmax over the choices, in request order")
+
+
+# ----------------------------------------------------------------------------- qa
+
+
+class QARequest(Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [
+                {
+                    "question": "Where does John live?",
+                    "context": "John Smith lives in Paris, the capital of France.",
+                    "top_k": 1,
+                }
+            ]
+        },
+    )
+    question: Text
+    context: Text
+    top_k: AnswerCount = Field(1, description="Number of answers")
+    max_answer_len: AnswerTokens | None = Field(None, description="Longest answer in tokens")
+    doc_stride: StrideTokens | None = Field(
+        None, description="Tokens shared by consecutive context windows (default: the bundle's)"
+    )
+    handle_impossible_answer: StrictBool = Field(
+        False, description="Let the empty answer compete (SQuAD 2.0)"
+    )
+
+
+class AnswerOut(BaseModel):
+    text: str = Field(description="Equal to context[start:end]; empty for 'no answer'")
+    start: int
+    end: int
+    score: float
+
+
+class QAResponse(BaseModel):
+    answers: list[AnswerOut]
+    windows: int = Field(description="Context windows the model read")
+
+
+# ----------------------------------------------------------------------------- embeddings
+# Three protocols, one service (EmbedService): text-embeddings-inference's /embed and /similarity,
+# and OpenAI's /v1/embeddings. What happened to a long input is in the X-Truncated-Inputs and
+# X-Windowed-Inputs headers, since TEI's answers are bare lists.
+
+TruncationSide = Literal["right", "left", "Right", "Left"]  # TEI spells them both ways
+
+
+def _one_or_many(value: object) -> object:
+    # One text is a list of one: errors then name "inputs.0", as the service does.
+    if isinstance(value, str):
+        return [value]
+    # OpenAI also takes token-id arrays; a bundle's vocabulary is not OpenAI's, so say so plainly.
+    if isinstance(value, list) and any(isinstance(v, (int, list)) and not isinstance(v, bool) for v in value):
+        raise PydanticCustomError(
+            "token_ids_unsupported", "token-id arrays are not supported: send a string or a list of strings"
+        )
+    return value
+
+
+_TEXT_SCHEMA = {"type": "string", "minLength": 1, "pattern": NOT_ONLY_WHITESPACE}
+Texts = Annotated[
+    list[Text],
+    BeforeValidator(_one_or_many),
+    Field(min_length=1),
+    WithJsonSchema({"anyOf": [_TEXT_SCHEMA, {"type": "array", "items": _TEXT_SCHEMA, "minItems": 1}]}),
+]
+
+
+class EmbedOptions(Request):
+    truncate: StrictBool | None = Field(
+        None,
+        description="true: cut long inputs to the model's max_seq_len; false: refuse them (413, as TEI); "
+        "unset: the server's rule for long texts (CLASSIFY_LONG_TEXT: truncate, or windows pooled "
+        "into one vector)",
+    )
+    truncation_direction: TruncationSide = Field(
+        "right", description="Which end truncation keeps: right cuts the end"
+    )
+    prompt_name: str | None = Field(
+        None, description="Accepted for TEI clients; this service's models have no prompts"
+    )
+
+
+class EmbedRequest(EmbedOptions):
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [{"inputs": "What is deep learning?"}, {"inputs": ["a cat", "a dog"]}]
+        },
+    )
+    inputs: Texts = Field(description="One text, or a list of texts")
+    normalize: StrictBool = Field(True, description="L2-normalize each vector (TEI's default)")
+
+
+class EmbedResponse(RootModel[list[list[float]]]):
+    """One vector per input, in order (TEI's bare list)."""
+
+    # Response headers the service sets (what happened to long inputs); routes.serve sends them.
+    _headers: dict[str, str] = PrivateAttr(default_factory=dict)
+
+
+class OpenAIEmbeddingRequest(EmbedOptions):
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={"examples": [{"input": ["What is deep learning?", "A cat sat on the mat."]}]},
+    )
+    input: Texts = Field(description="One text, or a list of texts (token-id arrays are refused)")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: each vector's float32 values, little-endian, base64-encoded"
+    )
+    dimensions: Dimensions | None = Field(
+        None, description="Must equal the model's width if given: vectors are not shortened"
+    )
+    user: str | None = Field(None, description="Accepted and ignored")
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int = Field(description="Tokens the model read, [CLS] and [SEP] included")
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+    # Response headers the service sets (what happened to long inputs); routes.serve sends them.
+    _headers: dict[str, str] = PrivateAttr(default_factory=dict)
+
+
+class SimilarityInputs(Strict):
+    source_sentence: Text
+    sentences: list[Text] = Field(min_length=1)
+
+
+class SimilarityRequest(EmbedOptions):
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [
+                {
+                    "inputs": {
+                        "source_sentence": "A man is playing a guitar.",
+                        "sentences": ["Someone plays an instrument.", "A woman is cooking."],
+                    }
+                }
+            ]
+        },
+    )
+    inputs: SimilarityInputs
+
+
+class SimilarityResponse(RootModel[list[float]]):
+    """The cosine similarity of the source sentence with each sentence, in order (TEI's bare list)."""
+
+    # Response headers the service sets (what happened to long inputs); routes.serve sends them.
+    _headers: dict[str, str] = PrivateAttr(default_factory=dict)

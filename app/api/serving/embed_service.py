@@ -1,0 +1,163 @@
+"""Sentence embeddings for three protocols (TEI /embed and /similarity, OpenAI /v1/embeddings):
+texts to vectors through the batcher, pooled by processing/embed.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.api.serving.task_service import (
+    ModelVersion,
+    TaskService,
+    Timings,
+    check_chars,
+    cpu_step,
+    long_input_headers,
+    sequence_items,
+)
+from app.errors import InputTooLong, InvalidInput, TooManyInputs
+from app.api.schemas import (
+    EmbeddingData,
+    EmbeddingUsage,
+    EmbedOptions,
+    EmbedRequest,
+    EmbedResponse,
+    OpenAIEmbeddingRequest,
+    OpenAIEmbeddingResponse,
+    SimilarityRequest,
+    SimilarityResponse,
+)
+from app.settings import Settings
+from processing import embed as embed_proc
+from processing.tokenizer import Encoding
+
+
+@dataclass
+class Embedded:
+    """Texts turned into vectors, and what happened on the way."""
+
+    vectors: np.ndarray  # [texts, hidden], float32
+    tokens: int  # tokens the model read, [CLS] and [SEP] included
+    truncated: list[int]  # indices of the texts cut to max_seq_len
+    windows: dict[int, int]  # index -> windows, for texts read in several windows
+
+
+def fields(name: str, value: str | list[str]) -> dict[str, str]:
+    """A request field holding one text or a list, as field name -> text ("inputs.3")."""
+    return {name: value} if isinstance(value, str) else {f"{name}.{i}": text for i, text in enumerate(value)}
+
+
+class EmbedService(TaskService):
+    """Sentence embeddings for three protocols (TEI /embed and /similarity, OpenAI /v1/embeddings):
+    each request becomes texts, the texts become vectors (`embed`), the vectors the protocol's reply."""
+
+    task = "embed"
+
+    def __init__(self, bundle: ModelVersion, settings: Settings):
+        super().__init__(bundle, settings)
+        pooling = self.manifest.pooling or {}
+        self.pooling = pooling.get("mode", "mean")
+        self.dimensions = int(self.manifest.outputs[0]["shape"][-1])
+        self.long_text = settings.classify_long_text
+
+    def _encode(self, texts: dict[str, str], truncate: bool | None, side: str) -> list[list[Encoding]]:
+        long_text = "truncate" if truncate is not None else self.long_text
+        out = []
+        for field, text in texts.items():
+            encodings = embed_proc.encode_for_embed(
+                self.tokenizer, text, self.max_seq_len, long_text, self.window_overlap, side
+            )
+            if truncate is False and encodings[0].truncated:
+                tokens = len(self.tokenizer.tokenize(text)) + 2
+                raise InputTooLong(
+                    f"{field} has {tokens} tokens and the model reads at most {self.max_seq_len}: "
+                    "send truncate: true to cut it, or leave truncate unset for the server's rule",
+                    field,
+                )
+            out.append(encodings)
+        return out
+
+    async def embed(
+        self, texts: dict[str, str], batch: str, options: EmbedOptions, timings: Timings, normalize: bool
+    ) -> Embedded:
+        """The vectors of `texts` (request field name -> text; `batch` names the list), in order,
+        normalized if asked."""
+        if options.prompt_name is not None:
+            raise InvalidInput(
+                f"model {self.manifest.name} has no prompts; leave prompt_name unset", "prompt_name"
+            )
+        limit = self.settings.max_batch_items
+        if len(texts) > limit:
+            raise TooManyInputs(
+                f"{batch} has {len(texts)} texts; the limit is {limit} (MAX_BATCH_ITEMS)", batch
+            )
+        for field, text in texts.items():
+            check_chars(text, self.settings.max_text_chars, field, "MAX_TEXT_CHARS")
+        side = options.truncation_direction.lower()
+        with timings.measure("tokenize"):
+            chars = sum(map(len, texts.values()))
+            timings.chars += chars
+            encoded = await cpu_step(chars, self._encode, texts, options.truncate, side)
+        results = await self.infer(sequence_items([e for encodings in encoded for e in encodings]), timings)
+        with timings.measure("postprocess"):
+            vectors, cursor = [], 0
+            for encodings in encoded:
+                # Each sequence pooled over its own tokens: the padding its batch gave it never counts.
+                pooled = [
+                    embed_proc.pool_tokens(r.outputs["last_hidden_state"][: len(e)], self.pooling)
+                    for e, r in zip(encodings, results[cursor : cursor + len(encodings)], strict=True)
+                ]
+                cursor += len(encodings)
+                vectors.append(
+                    embed_proc.pool_windows(np.stack(pooled), [len(e) for e in encodings], self.pooling)
+                )
+            matrix = np.stack(vectors)
+            if normalize:
+                matrix = embed_proc.normalize(matrix)
+        return Embedded(
+            vectors=matrix,
+            tokens=sum(len(e) for encodings in encoded for e in encodings),
+            truncated=[i for i, encodings in enumerate(encoded) if encodings[0].truncated],
+            windows={i: len(encodings) for i, encodings in enumerate(encoded) if len(encodings) > 1},
+        )
+
+    @staticmethod
+    def _headers(done: Embedded) -> dict[str, str]:
+        return long_input_headers(done.truncated, done.windows)
+
+    async def __call__(self, request: EmbedRequest, timings: Timings) -> EmbedResponse:
+        """TEI's /embed."""
+        done = await self.embed(
+            fields("inputs", request.inputs), "inputs", request, timings, request.normalize
+        )
+        reply = EmbedResponse.model_construct(done.vectors.tolist())  # floats already: no validation pass
+        reply._headers = self._headers(done)
+        return reply
+
+    async def openai(self, request: OpenAIEmbeddingRequest, timings: Timings) -> OpenAIEmbeddingResponse:
+        """OpenAI's /v1/embeddings: normalized vectors, as OpenAI's are."""
+        if request.dimensions is not None and request.dimensions != self.dimensions:
+            raise InvalidInput(
+                f"model {self.manifest.name} gives {self.dimensions}-dimensional vectors and cannot shorten "
+                f"them: leave dimensions unset or send {self.dimensions}",
+                "dimensions",
+            )
+        done = await self.embed(fields("input", request.input), "input", request, timings, normalize=True)
+        encode = embed_proc.to_base64 if request.encoding_format == "base64" else np.ndarray.tolist
+        reply = OpenAIEmbeddingResponse(
+            data=[EmbeddingData(index=i, embedding=encode(v)) for i, v in enumerate(done.vectors)],
+            model=self.bundle.name,
+            usage=EmbeddingUsage(prompt_tokens=done.tokens, total_tokens=done.tokens),
+        )
+        reply._headers = self._headers(done)
+        return reply
+
+    async def similarity(self, request: SimilarityRequest, timings: Timings) -> SimilarityResponse:
+        """TEI's /similarity: the cosine of the source sentence with each sentence."""
+        texts = {"inputs.source_sentence": request.inputs.source_sentence}
+        texts.update(fields("inputs.sentences", request.inputs.sentences))
+        done = await self.embed(texts, "inputs.sentences", request, timings, normalize=True)
+        reply = SimilarityResponse(embed_proc.cosine_scores(done.vectors[0], done.vectors[1:]))
+        reply._headers = self._headers(done)
+        return reply

@@ -1,0 +1,171 @@
+"""What every task service shares: the request's stage timings, the service base class (service
+limits, the window overlap the model was trained with, submitting work under the request's
+schedule) and the rule for when a CPU step leaves the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from app.engine.batch_types import ItemResult, Schedule, WorkItem
+from app.errors import TextTooLong
+from app.observe.metrics import Metrics
+from app.settings import Settings
+from processing.tokenizer import Encoding, default_window_overlap
+
+if TYPE_CHECKING:
+    from app.engine.batcher import Batcher
+    from export.bundle import BundleManifest
+    from processing.tokenizer import TextTokenizer
+
+T = TypeVar("T")
+
+
+class ModelVersion(Protocol):
+    """What a service is made from: one loaded version of a model (app/engine/loader.Bundle)."""
+
+    name: str
+    task: str | None
+    manifest: BundleManifest | None
+    tokenizer: TextTokenizer | None
+    batcher: Batcher | None
+    service: TaskService | None
+
+
+TEI_HEADERS = (
+    "x-compute-time",
+    "x-compute-characters",
+    "x-compute-tokens",
+    "x-total-time",
+    "x-tokenization-time",
+    "x-queue-time",
+    "x-inference-time",
+)
+
+_TEI_RAW = tuple(name.encode() for name in TEI_HEADERS)
+
+
+class Timings:
+    """One request through the core: its schedule (deadline, priority; None = no deadline, normal)
+    and its seconds per stage (Server-Timing header and bert_stage_seconds)."""
+
+    def __init__(self, schedule: Schedule | None = None) -> None:
+        self.schedule = schedule
+        self.stages: dict[str, float] = {}
+        self.started = time.perf_counter()
+        self.chars = 0  # characters of the request's texts
+        self.tokens = 0  # tokens of its work items (a choice group: each choice at the group's longest)
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.stages[stage] = self.stages.get(stage, 0.0) + max(0.0, seconds)
+
+    @contextmanager
+    def measure(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(stage, time.perf_counter() - started)
+
+    def raw_headers(self, tei: bool) -> list[tuple[bytes, bytes]]:
+        """Server-Timing and, with `tei`, text-embeddings-inference's timing headers, as raw ASGI
+        header pairs (appended to the response at once). TEI's are whole milliseconds (truncated, as
+        TEI's are); compute and total time run from when the route began serving the parsed request."""
+        timing = ", ".join(f"{stage};dur={seconds * 1000:.2f}" for stage, seconds in self.stages.items())
+        raw = [(b"server-timing", timing.encode("latin-1"))]
+        if tei:
+            total = int((time.perf_counter() - self.started) * 1000)
+            ms = [int(self.stages.get(stage, 0.0) * 1000) for stage in ("tokenize", "queue", "inference")]
+            values = (total, self.chars, self.tokens, total, *ms)
+            raw += [(name, str(value).encode()) for name, value in zip(_TEI_RAW, values, strict=True)]
+        return raw
+
+    def observe(self, metrics: Metrics, task: str, model: str) -> None:
+        for stage, seconds in self.stages.items():
+            metrics.child(metrics.stage, stage, task, model).observe(seconds)
+        if self.tokens:
+            metrics.child(metrics.request_tokens, task, model).observe(self.tokens)
+
+
+async def gather_all(futures: Sequence[asyncio.Future]) -> list[ItemResult]:
+    """Wait for every future (so none is left with an unretrieved exception), then raise the first error."""
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return list(results)
+
+
+# Below this many characters, tokenizing (tens of microseconds in the Rust tokenizer) costs less
+# than handing the work to a thread and back; longer inputs go to a thread to keep the loop free.
+INLINE_CHARS = 2_000
+
+
+async def cpu_step(chars: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a CPU-bound pre/post-processing step on an input of `chars` characters."""
+    if chars <= INLINE_CHARS:
+        return fn(*args, **kwargs)
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+def long_input_headers(truncated: list[int], windows: dict[int, int]) -> dict[str, str]:
+    """What happened to long inputs, for answers that are bare lists (TEI's): the indices of those cut
+    to max_seq_len, and of those read in several windows with their count."""
+    headers = {}
+    if truncated:
+        headers["X-Truncated-Inputs"] = ",".join(map(str, truncated))
+    if windows:
+        headers["X-Windowed-Inputs"] = ",".join(f"{i}={n}" for i, n in windows.items())
+    return headers
+
+
+def check_chars(value: str, limit: int, field: str, setting: str) -> None:
+    if len(value) > limit:
+        raise TextTooLong(f"{field} has {len(value)} characters; the limit is {limit} ({setting})", field)
+
+
+class TaskService:
+    task = ""
+
+    def __init__(self, bundle: ModelVersion, settings: Settings):
+        assert bundle.manifest is not None and bundle.tokenizer is not None and bundle.batcher is not None
+        self.bundle = bundle
+        self.manifest = bundle.manifest
+        self.tokenizer = bundle.tokenizer
+        self.batcher = bundle.batcher
+        self.settings = settings
+        self.max_seq_len = self.manifest.max_seq_len
+        # The overlap the model was trained with, unless WINDOW_OVERLAP overrides it; windows must
+        # advance, so it stays below half a window.
+        overlap = settings.window_overlap
+        if overlap is None:
+            overlap = self.manifest.preprocessing.get("window_overlap")
+        if overlap is None:
+            overlap = default_window_overlap(self.max_seq_len)
+        self.window_overlap = min(overlap, (self.max_seq_len - 2) // 2)
+
+    async def infer(self, items: list[WorkItem], timings: Timings) -> list[ItemResult]:
+        """Submit under the request's schedule (raises QueueFull / TooLarge / BatcherClosed /
+        DeadlineExceeded at once) and wait for every item."""
+        futures = self.batcher.submit(items, timings.schedule)
+        timings.tokens += sum(item.length * item.rows for item in items)
+        started = time.perf_counter()
+        try:
+            results = await gather_all(futures)
+        finally:
+            for future in futures:
+                future.cancel()  # no-op when done; drops queued work when the caller went away
+        waited = time.perf_counter() - started
+        # Several batches may serve one request: model time is the sum over distinct batches.
+        inference = sum({r.batch_id: r.inference_s for r in results}.values())
+        inference = min(inference, waited)
+        timings.add("inference", inference)
+        timings.add("queue", waited - inference)
+        return results
+
+
+def sequence_items(encodings: Sequence[Encoding]) -> list[WorkItem]:
+    return [WorkItem(payload=e, length=len(e)) for e in encodings]

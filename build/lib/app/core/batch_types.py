@@ -1,0 +1,138 @@
+"""What the batcher takes and gives back: work items and their schedules (deadline, priority),
+per-item results, the runtime and observer it is given, and the errors it raises. HTTP-free."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, Protocol
+
+import numpy as np
+
+from app.errors import ServiceError
+
+
+class Runtime(Protocol):
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class BatcherError(ServiceError):
+    reason = "error"
+
+
+class QueueFull(BatcherError):
+    """The queue cannot take the submitted items now; retry later."""
+
+    reason = "queue_full"
+
+    def __init__(self, depth: int, limit: int, wanted: int):
+        super().__init__(f"queue is full ({depth} of {limit} work items queued, {wanted} more requested)")
+        self.depth, self.limit, self.wanted = depth, limit, wanted
+
+
+class TooLarge(BatcherError):
+    """One submission needs more work items than the whole queue holds; retrying cannot help."""
+
+    reason = "too_large"
+
+    def __init__(self, wanted: int, limit: int):
+        super().__init__(f"request needs {wanted} work items but the queue holds at most {limit}")
+        self.wanted, self.limit = wanted, limit
+
+
+class BatcherClosed(BatcherError):
+    reason = "shutting_down"
+
+    def __init__(self) -> None:
+        super().__init__("the model is shutting down")
+
+
+class DeadlineExceeded(BatcherError):
+    """The submission's deadline passed before its items were batched: they were never computed."""
+
+    reason = "expired"
+
+    def __init__(self, timeout_ms: float | None, waited_s: float):
+        budget = f"timeout_ms={timeout_ms:g}" if timeout_ms is not None else "deadline"
+        super().__init__(
+            f"deadline exceeded: the request's {budget} passed after {waited_s * 1000:.0f} ms, before the "
+            "model computed it; it was dropped from the queue"
+        )
+        self.timeout_ms, self.waited_s = timeout_ms, waited_s
+
+
+class BatchFailed(BatcherError, RuntimeError):
+    """The model raised on a batch. Each of its items gets its own instance (the model's error as
+    the cause): one exception object re-raised by many requests would pile up their tracebacks."""
+
+    def __init__(self, batch_id: int, error: BaseException):
+        super().__init__(f"inference failed for batch {batch_id}: {error}")
+        self.batch_id = batch_id
+        self.__cause__ = error
+
+
+class BatchObserver(Protocol):
+    def on_batch(self, items: int, rows: int, padded_tokens: int) -> None: ...
+    def on_queue_depth(self, depth: int) -> None: ...
+    def on_rejected(self, reason: str, count: int) -> None: ...  # submissions refused, or items dropped
+
+
+class _NullObserver:
+    def on_batch(self, items: int, rows: int, padded_tokens: int) -> None:
+        pass
+
+    def on_queue_depth(self, depth: int) -> None:
+        pass
+
+    def on_rejected(self, reason: str, count: int) -> None:
+        pass
+
+
+class Priority(IntEnum):
+    HIGH = 0  # lower first, as in Triton
+    NORMAL = 1
+
+
+@dataclass(eq=False)
+class Schedule:
+    """One request's deadline and priority, shared by all its submissions (a V2 batch makes several)."""
+
+    priority: Priority = Priority.NORMAL
+    deadline: float | None = None  # on the batcher's clock (time.perf_counter)
+    timeout_ms: float | None = None  # what the client asked for, for the error message
+    started: float = 0.0
+    expired: bool = False  # counted once, however many of its items are dropped
+
+    @classmethod
+    def within(cls, timeout_ms: float | None, priority: Priority = Priority.NORMAL) -> Schedule:
+        now = time.perf_counter()
+        deadline = None if timeout_ms is None else now + timeout_ms / 1000.0
+        return cls(priority=priority, deadline=deadline, timeout_ms=timeout_ms, started=now)
+
+
+@dataclass
+class WorkItem:
+    payload: Any  # handed to `collate`, e.g. an Encoding or a list of Encodings
+    length: int  # tokens in the item's longest sequence
+    rows: int = 1  # sequences in the item (choices for multiple choice)
+    shape_key: Hashable = None  # only items with equal keys share a batch (e.g. number of choices)
+    future: asyncio.Future | None = field(default=None, repr=False)
+    enqueued_at: float = 0.0
+    schedule: Schedule = field(default_factory=Schedule, repr=False)
+
+
+def padded_tokens(items: Sequence[WorkItem]) -> int:
+    """What a batch of `items` costs: its longest sequence times its rows."""
+    return max(it.length for it in items) * sum(it.rows for it in items)
+
+
+@dataclass
+class ItemResult:
+    outputs: dict[str, np.ndarray]  # this item's row of every output
+    queue_s: float
+    inference_s: float
+    batch_id: int
+    batch_size: int

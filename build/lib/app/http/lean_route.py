@@ -1,0 +1,124 @@
+"""A FastAPI route class whose handler skips FastAPI's generic request handling for the common case.
+
+FastAPI's per-request handler is written for every kind of endpoint (forms, streams, arbitrary
+dependency graphs, telemetry spans); on a short /embed request it cost ~60 us of the event loop's
+~500 (docs/performance.md, section 2). A task route has one shape: a JSON body that is one pydantic
+model, `Request` and `Response`, at most request-only checks (the API key), and a response model.
+For a request in the plain case (`application/json`, a body that validates in pydantic's JSON mode)
+`LeanRoute` validates and calls the endpoint directly and serializes with FastAPI's own
+`serialize_response`. Everything else (another content type, an empty or invalid body, telemetry
+configured) goes to FastAPI's handler, so errors, their bodies and their order are FastAPI's.
+tests/app/test_lean_route.py checks both paths answer alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.datastructures import DefaultPlaceholder
+from fastapi.routing import APIRoute, _effective_route_context_var, serialize_response
+from fastapi.telemetry import get_telemetry_data
+from fastapi.utils import is_body_allowed_for_status_code
+from pydantic import BaseModel, ValidationError
+
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+
+
+def is_plain_json(content_type: str | None) -> bool:
+    return content_type is not None and content_type.partition(";")[0].strip().lower() == "application/json"
+
+
+class LeanRoute(APIRoute):
+    def get_route_handler(self) -> Handler:
+        full = super().get_route_handler()
+        # FastAPI builds an included route's handler with the inclusion's context (its prefix and
+        # dependencies, e.g. the API key) in a ContextVar; read the route the same way it does.
+        context = _effective_route_context_var.get()
+        route: Any = context if context is not None and context.original_route is self else self
+        lean = _lean_handler(route, full)
+        return lean if lean is not None else full
+
+
+def _has_parameters(dependant: Any) -> bool:
+    """Path, query, header or cookie parameters: FastAPI's handler reads them from the request."""
+    d = dependant
+    return bool(d.path_params or d.query_params or d.header_params or d.cookie_params)
+
+
+def _lean_handler(route: Any, full: Handler) -> Handler | None:
+    """The lean handler of `route`, or None when the route is not of the one shape it handles."""
+    dependant = route.dependant
+    if (
+        _has_parameters(dependant)
+        or len(dependant.body_params) != 1
+        or dependant.background_tasks_param_name
+        or route._embed_body_fields
+        or route.response_field is None
+        or not isinstance(route.response_class, DefaultPlaceholder)
+        or not inspect.iscoroutinefunction(dependant.call)
+    ):
+        return None
+    model = dependant.body_params[0].field_info.annotation
+    if not (inspect.isclass(model) and issubclass(model, BaseModel)):
+        return None
+    checks = []  # request-only dependencies, e.g. the API key
+    for sub in dependant.dependencies:
+        if (
+            sub.dependencies
+            or _has_parameters(sub)
+            or sub.body_params
+            or sub.response_param_name
+            or not sub.request_param_name
+            or not inspect.iscoroutinefunction(sub.call)
+        ):
+            return None
+        checks.append((sub.call, sub.request_param_name))
+    body_name, call, field = dependant.body_params[0].name, dependant.call, route.response_field
+    request_name, response_name, status_code = (
+        dependant.request_param_name,
+        dependant.response_param_name,
+        route.status_code,
+    )
+    options = {
+        "include": route.response_model_include,
+        "exclude": route.response_model_exclude,
+        "by_alias": route.response_model_by_alias,
+        "exclude_unset": route.response_model_exclude_unset,
+        "exclude_defaults": route.response_model_exclude_defaults,
+        "exclude_none": route.response_model_exclude_none,
+    }
+
+    async def handler(request: Request) -> Response:
+        raw = await request.body()  # read once: FastAPI's handler reuses it on the fallback
+        if not raw or not is_plain_json(request.headers.get("content-type")) or get_telemetry_data():
+            return await full(request)
+        try:
+            body = model.model_validate_json(raw)
+        except ValidationError:
+            return await full(request)  # FastAPI words the 422 (and any earlier 401)
+        for check, name in checks:
+            await check(**{name: request})
+        # The endpoint's `response` parameter, as FastAPI makes it: headers and status to merge.
+        sub = Response()
+        del sub.headers["content-length"]
+        sub.status_code = None  # type: ignore[assignment]
+        values: dict[str, Any] = {body_name: body}
+        if request_name:
+            values[request_name] = request
+        if response_name:
+            values[response_name] = sub
+        result = await call(**values)
+        if isinstance(result, Response):
+            return result
+        content = await serialize_response(field=field, response_content=result, dump_json=True, **options)
+        status = sub.status_code or status_code or 200
+        response = Response(content, media_type="application/json", status_code=status)
+        if not is_body_allowed_for_status_code(response.status_code):
+            response.body = b""
+        response.headers.raw.extend(sub.headers.raw)
+        return response
+
+    return handler

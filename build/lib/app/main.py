@@ -1,0 +1,172 @@
+"""App factory. `MODELS_DIR=<dir> uvicorn app.main:app` serves every bundle under <dir>.
+
+Startup discovers the bundles (a configuration error stops the process); loading, hash
+checks and warm-up then run in the background while /health answers and /ready says 503.
+On shutdown /ready turns 503 first, in-flight requests finish, then the batchers drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
+
+from app.backend.runtime import fix_malloc_mmap_threshold
+from app.core.task_service import TEI_HEADERS
+from app.http.admin import router as admin_router
+from app.http.errors import install_error_handlers
+from app.http.middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
+from app.http.routes import AUTH, open_router, router
+from app.http.v2_routes import router as v2_router
+from app.models.control import ModelControl
+from app.models.registry import Registry
+from app.observe.logs import configure_logging, flush_logs
+from app.observe.metrics import Metrics
+from app.settings import Settings
+
+log = logging.getLogger("app.main")
+
+DESCRIPTION = """
+BERT inference over ONNX Runtime: classification, NER, multiple choice and extractive QA, also
+through the KServe V2 / Open Inference Protocol (`/v2`). Requests from all clients are batched
+dynamically per model. Errors are JSON objects `{"error", "message", "fields"}` (under `/v2`:
+`{"error": message}`); every response carries `X-Request-ID`, and inference
+responses a `Server-Timing` header (tokenize, queue, inference, postprocess).
+"""
+
+
+@dataclass
+class ServiceState:
+    settings: Settings
+    metrics: Metrics
+    registry: Registry
+    in_flight: InFlight
+    control: ModelControl | None = None  # loads, swaps and unloads (app/models/control.py)
+    shutting_down: bool = False
+    loader: asyncio.Task | None = field(default=None, repr=False)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight (the one asking excluded by the caller)."""
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight.count > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return self.in_flight.count <= 0
+
+
+def _hook_termination(state: ServiceState) -> Callable[[], None]:
+    """Turn readiness off the moment SIGTERM/SIGINT arrives, before the server starts draining.
+
+    The server's own handler (uvicorn's) still runs; the returned function restores it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(sig)
+        if not callable(handler):
+            continue
+
+        def on_signal(signum: int, frame: Any, _prev: Callable[..., Any] = handler) -> None:
+            state.shutting_down = True
+            _prev(signum, frame)
+
+        previous[sig] = handler
+        signal.signal(sig, on_signal)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, handler)
+
+    return restore
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    configure_logging(settings.log_level)
+    metrics = Metrics()
+    registry = Registry(settings, metrics)
+    control = ModelControl(registry)
+    state = ServiceState(
+        settings=settings, metrics=metrics, registry=registry, in_flight=InFlight(metrics), control=control
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.registry.discover()  # ConfigError here stops the server: nothing sensible to serve
+        if fix_malloc_mmap_threshold(settings.malloc_mmap_threshold):  # before any session exists
+            log.debug("malloc mmap threshold fixed", extra={"bytes": settings.malloc_mmap_threshold})
+        # Loads every model, then watches MODELS_DIR when MODEL_POLL_S is set.
+        state.loader = asyncio.create_task(control.run(), name="load-bundles")
+        restore_signals = _hook_termination(state)
+        try:
+            yield
+        finally:
+            state.shutting_down = True
+            log.info("shutting down: readiness is off, waiting for in-flight requests")
+            if not await state.wait_idle(settings.shutdown_grace_s):
+                log.warning(
+                    "shutdown grace period over with requests still in flight",
+                    extra={"in_flight": state.in_flight.count},
+                )
+            if not state.loader.done():
+                state.loader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await state.loader
+            await control.close()
+            gc.unfreeze()  # settle_heap's objects: collectable again once the app is gone
+            restore_signals()
+            log.info("shutdown complete")
+            flush_logs()
+
+    # /docs and /redoc load Swagger UI and ReDoc from files installed with fastapi-offline, not
+    # from a CDN: the docs work where the browser has no internet. No online validator badge either.
+    app = FastAPIOffline(
+        title="BERT inference service",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},
+    )
+    app.state.service_state = state
+    install_error_handlers(app)
+    app.include_router(router, dependencies=AUTH if settings.api_key is not None else None)
+    app.include_router(open_router)
+    app.include_router(v2_router)
+    app.include_router(admin_router)
+    # Added innermost first: the request-context middleware wraps everything, CORS headers
+    # reach error responses too, oversized bodies stop before FastAPI parses them, and excess
+    # requests are refused once their body is in (so slow senders never hold an admission slot)
+    # but before it is parsed and tokenized.
+    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight, metrics=metrics)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    origins = settings.cors_origin_list
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+            expose_headers=[
+                *("X-Request-ID", "Server-Timing", "Retry-After", "X-Model", "X-Model-Version"),
+                *("X-Cache", "X-Truncated-Inputs", "X-Windowed-Inputs"),
+                *TEI_HEADERS,
+            ],
+        )
+    app.add_middleware(RequestContextMiddleware, metrics=metrics, in_flight=state.in_flight)
+    return app
+
+
+app = create_app()

@@ -23,7 +23,8 @@ models: setup
 	$(PY) -m export.defaults --out $(MODELS_DIR)
 
 serve: models
-	MODELS_DIR=$(MODELS_DIR) $(VENV)/bin/uvicorn app.main:app --host $${HOST:-0.0.0.0} --port $(PORT)
+	MODELS_DIR=$(MODELS_DIR) $(VENV)/bin/uvicorn app.main:app --host $${HOST:-0.0.0.0} --port $(PORT) \
+	  --http app.api.connections:GuardedHttp --no-server-header
 
 # The compose topology without Docker: 3 replicas, nginx :8080, Prometheus :9090 (deploy/README.md).
 local-up: models

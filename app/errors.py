@@ -62,6 +62,23 @@ class Overloaded(RequestError):
     """Too many requests of the task in flight (MAX_IN_FLIGHT): refused before parsing; retry."""
 
 
+class RequestTimeout(RequestError):
+    """The request line and headers (HEADER_TIMEOUT_S) or the body (BODY_TIMEOUT_S) came too slowly."""
+
+
+class HeadersTooLarge(RequestError):
+    """The request line and headers exceed MAX_HEADER_BYTES."""
+
+
+class UnsupportedMediaType(RequestError):
+    """A body in an encoding the service does not decode (Content-Encoding: gzip, ...)."""
+
+
+class ServerBusy(RequestError):
+    """Too many connections (MAX_CONNECTIONS), bodies still arriving (MAX_PENDING_BODY_MB), or queued
+    work the server could not start within MAX_QUEUE_MS: retry later."""
+
+
 class InternalError(RequestError):
     """An unhandled failure; the client learns nothing of it but the request id."""
 

@@ -23,15 +23,21 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
-from app.engine.runtime import fix_malloc_mmap_threshold
-from app.api.serving.task_service import TEI_HEADERS
 from app.api.admin import router as admin_router
 from app.api.error_table import install_error_handlers
-from app.api.middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
-from app.api.routes import AUTH, open_router, router
+from app.api.middleware import (
+    AdmissionMiddleware,
+    AuthMiddleware,
+    BodyLimitMiddleware,
+    InFlight,
+    RequestContextMiddleware,
+)
+from app.api.routes import open_router, router
+from app.api.serving.task_service import TEI_HEADERS
 from app.api.v2_routes import router as v2_router
 from app.engine.control import ModelControl
 from app.engine.registry import Registry
+from app.engine.runtime import fix_malloc_mmap_threshold
 from app.observe.logs import configure_logging, flush_logs
 from app.observe.metrics import Metrics
 from app.settings import Settings
@@ -142,7 +148,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.service_state = state
     install_error_handlers(app)
-    app.include_router(router, dependencies=AUTH if settings.api_key is not None else None)
+    app.include_router(router)  # behind the key when one is set: AuthMiddleware
     app.include_router(open_router)
     app.include_router(v2_router)
     app.include_router(admin_router)
@@ -152,6 +158,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # but before it is parsed and tokenized.
     app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight, metrics=metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    # The key before any body byte is read: a refused client costs a header lookup.
+    app.add_middleware(AuthMiddleware, api_key=settings.api_key, admin_api_key=settings.admin_api_key)
     origins = settings.cors_origin_list
     if origins:
         app.add_middleware(

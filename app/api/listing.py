@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from app.errors import ServiceError
 from app.api.service_schemas import ModelInfo, ModelsResponse, OpenAIModel, OpenAIModelList, VersionInfo
 from app.engine.loader import MB
 from app.engine.registry import Model, Registry
+from app.errors import ServiceError
 from export.bundle import VARIANT_NOTES, batch_invariant
 
 

@@ -8,31 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import SecretStr, TypeAdapter
+from pydantic import TypeAdapter
 
-from app.api.serving import rerank_service
-from app.engine.batch_types import Schedule
 from app.api.cache import Entry, Key, canonical
-from app.api.serving.embed_service import EmbedService
-from app.api.scheduling import schedule_for
-from app.api.serving.services import (
-    ChoiceService,
-    ClassifyService,
-    NERService,
-    QAService,
-    service_of,
-    tokenize_texts,
-)
-from app.api.serving.task_service import TaskService, Timings
-from app.errors import NoModel, Unauthorized
 from app.api.error_table import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
 from app.api.lean_route import LeanRoute
+from app.api.listing import list_models, openai_model_list
 from app.api.middleware import MODEL_SCOPE_KEY
 from app.api.rerank_schemas import (
     InfinityRerankRequest,
@@ -42,6 +28,7 @@ from app.api.rerank_schemas import (
     RerankRequest,
     RerankResponse,
 )
+from app.api.scheduling import schedule_for
 from app.api.schemas import (
     ChoiceRequest,
     ChoiceResponse,
@@ -67,13 +54,25 @@ from app.api.service_schemas import (
     TokenizeRequest,
     TokenOut,
 )
-from app.api.listing import list_models, openai_model_list
+from app.api.serving import rerank_service
+from app.api.serving.embed_service import EmbedService
+from app.api.serving.services import (
+    ChoiceService,
+    ClassifyService,
+    NERService,
+    QAService,
+    service_of,
+    tokenize_texts,
+)
+from app.api.serving.task_service import TaskService, Timings
+from app.engine.batch_types import Schedule
 from app.engine.loader import Bundle
+from app.errors import NoModel
 from processing.tasks import TASKS
 
-# Every route of `router` needs the API key when one is set: main.py includes it with the AUTH
-# dependency then, and without it otherwise (a no-op dependency still costs each request ~20 us).
-# Its task routes skip FastAPI's generic request handling in the plain case (app/api/lean_route.py).
+# Every route of `router` needs the API key when one is set, checked by AuthMiddleware from the
+# headers before the body is read (app/api/middleware.py). Its task routes skip FastAPI's generic
+# request handling in the plain case (app/api/lean_route.py).
 # `open_router`: liveness, readiness and metrics, never behind the key.
 router = APIRouter(route_class=LeanRoute)
 open_router = APIRouter()
@@ -81,21 +80,6 @@ open_router = APIRouter()
 
 def state_of(request: Request) -> Any:
     return request.app.state.service_state
-
-
-def check_bearer(request: Request, key: SecretStr, what: str) -> None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    # compare_digest: the comparison time must not reveal how much of the key matched.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        token.strip().encode("utf-8"), key.get_secret_value().encode("utf-8")
-    ):
-        raise Unauthorized(f"missing or invalid {what}: send 'Authorization: Bearer <key>'")
-
-
-async def require_api_key(request: Request) -> None:
-    key = state_of(request).settings.api_key
-    if key is not None:
-        check_bearer(request, key, "API key")
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -208,7 +192,6 @@ def serialized(request: Request, result: Any) -> bytes:
     return adapter(request.scope["route"].response_model).dump_json(result, by_alias=True)
 
 
-AUTH = [Depends(require_api_key)]
 
 
 # The task routes. Path, schemas and summary are the task's registry declaration (processing/tasks.py).

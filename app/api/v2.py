@@ -21,12 +21,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from app.engine.batch_types import Priority
+from app.api import schemas
 from app.api.scheduling import MAX_TIMEOUT_MS, priority_of, timeout_ms_of
 from app.api.serving.task_service import TaskService, Timings
-from app.errors import InvalidTensor, RequestError, TooManyInputs
-from app.api import schemas
 from app.api.v2_schemas import V2InferRequest, V2ModelMetadata, V2OutputTensor, V2TensorMetadata
+from app.engine.batch_types import Priority
+from app.errors import InvalidTensor, RequestError, TooManyInputs
 from processing.tasks import TaskSpec, Tensor
 
 PLATFORM = "onnx_onnxv1"  # the Open Inference Protocol's name for an ONNX Runtime model

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from fastapi import Response
 
-from app.errors import InvalidTensor
 from app.api.v2_schemas import V2InferRequest, V2InferResponse
+from app.errors import InvalidTensor
 
 HEADER = "Inference-Header-Content-Length"
 CONTENT_TYPE = "application/octet-stream"  # a header + binary body, as Triton sends it

@@ -7,16 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.types import Message
 
-from app.api.scheduling import schedule_for
-from app.api.serving.task_service import Timings
 from app.api import v2, v2_binary
 from app.api.error_table import NOT_READY, V2_RESPONSES
-from app.api.routes import not_serving, readiness, require_api_key, run_leased, state_of
+from app.api.routes import not_serving, readiness, run_leased, state_of
+from app.api.scheduling import schedule_for
+from app.api.serving.task_service import Timings
 from app.api.v2_schemas import (
     V2InferRequest,
     V2InferResponse,
@@ -66,7 +66,7 @@ class JSONBodyRoute(APIRoute):
 
 
 router = APIRouter(prefix="/v2", tags=["KServe V2 / Open Inference Protocol"], route_class=JSONBodyRoute)
-model_routes = {"dependencies": [Depends(require_api_key)], "responses": V2_RESPONSES}
+model_routes = {"responses": V2_RESPONSES}  # behind the key: AuthMiddleware
 
 
 @router.get("", response_model=V2ServerMetadata, summary="Server metadata: name, version, extensions")

@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 import logging
 
-from app.engine.runtime import resolve_batch_tokens, resolve_padding_factor, settle_heap
-from app.engine.batcher import Batcher
 from app.api.serving.services import make_service
-from app.errors import MemoryLimitExceeded, NoModel, VersionRejected
+from app.engine.batcher import Batcher
 from app.engine.loader import MB, Bundle, build, collate_for
 from app.engine.registry import Model, Registry, log_failure
 from app.engine.repository import VersionDir, check_model_name, fingerprint, model_versions, scan
+from app.engine.runtime import resolve_batch_tokens, resolve_padding_factor, settle_heap
+from app.errors import MemoryLimitExceeded, NoModel, VersionRejected
 from export.bundle import MANIFEST_NAME, BundleError
 
 log = logging.getLogger("app.control")

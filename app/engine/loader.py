@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from tokenizers import Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 
 from app.engine.batcher import Batcher
+from app.engine.repository import VersionDir, manifest_digest
 from app.engine.runtime import RuntimeConfigError, RuntimePool, SessionTuning, choose_variant, create_runtime
 from app.errors import MemoryLimitExceeded
-from app.engine.repository import VersionDir, manifest_digest
 from export.bundle import (
     MANIFEST_NAME,
     BundleError,
@@ -136,18 +135,27 @@ def build(
     # reaches onnxruntime or the tokenizer (read_verified).
     variant = manifest.variants[bundle.variant]
     model_bytes = read_verified(source.path, variant.file, variant)
-    tokenizer_files = {name: read_verified(source.path, name, info) for name, info in manifest.tokenizer_files.items()}
+    tokenizer_files = {
+        name: read_verified(source.path, name, info) for name, info in manifest.tokenizer_files.items()
+    }
     bundle.tokenizer = tokenizer_from_verified(tokenizer_files, manifest.do_lower_case)
     bundle.threads = plan.threads
     path = manifest.variant_path(source.path, bundle.variant)
     with tempfile.TemporaryDirectory(prefix="no-external-data-") as empty:
         opened = functools.partial(
-            open_session, path, plan.device, disabled=variant.disabled_optimizers, data=model_bytes, empty=empty
+            open_session,
+            path,
+            plan.device,
+            disabled=variant.disabled_optimizers,
+            data=model_bytes,
+            empty=empty,
         )
         solo = None
         if plan.solo_threads:
             # Spins while it runs (a lone request gets the whole machine's latency), never after.
-            solo = opened(plan.solo_threads, replace(plan.tuning, spinning=True, stop_spinning_after_run=True))
+            solo = opened(
+                plan.solo_threads, replace(plan.tuning, spinning=True, stop_spinning_after_run=True)
+            )
         bundle.runtime = RuntimePool([opened(plan.threads, plan.tuning) for _ in range(plan.instances)], solo)
     del model_bytes, tokenizer_files
     warm_up(bundle, max_batch_size)
@@ -201,12 +209,25 @@ def tokenizer_from_verified(files: dict[str, bytes], do_lower_case: bool) -> Tex
 
 
 def open_session(
-    path: Path, device: str, threads: int, tuning: SessionTuning, *, disabled: list[str], data: bytes, empty: str
+    path: Path,
+    device: str,
+    threads: int,
+    tuning: SessionTuning,
+    *,
+    disabled: list[str],
+    data: bytes,
+    empty: str,
 ) -> Any:
     """One session from the verified bytes; external data is looked for only in the empty `empty`."""
     try:
         return create_runtime(
-            path, device, threads, tuning, disabled_optimizers=disabled, model_bytes=data, external_data_dir=empty
+            path,
+            device,
+            threads,
+            tuning,
+            disabled_optimizers=disabled,
+            model_bytes=data,
+            external_data_dir=empty,
         )
     except RuntimeConfigError:
         raise

@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from app.api.cache import ResponseCache
+from app.engine.batcher import ComputeSlots
+from app.engine.loader import MB, Bundle, SessionPlan
+from app.engine.repository import VersionDir, model_versions, scan
 from app.engine.runtime import (
     RuntimeConfigError,
     SessionTuning,
@@ -28,16 +32,12 @@ from app.engine.runtime import (
     resolve_instances,
     session_threads,
 )
-from app.engine.batcher import ComputeSlots
-from app.api.cache import ResponseCache
 from app.errors import (
     ModelLoading,
     ModelRequired,
     ModelUnavailable,
     NoModel,
 )
-from app.engine.loader import MB, Bundle, SessionPlan
-from app.engine.repository import VersionDir, model_versions, scan
 from app.observe.metrics import Metrics
 from app.settings import DEFAULT_ROUTES, Settings, available_cores
 from export.bundle import MANIFEST_NAME, BundleError, load_bundle_manifest

@@ -325,7 +325,8 @@ def create_runtime(
     extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
     options = session_options(threads, tuning)
     if external_data_dir is not None:
-        options.add_session_config_entry("session.model_external_initializers_file_folder_path", external_data_dir)
+        folder = "session.model_external_initializers_file_folder_path"
+        options.add_session_config_entry(folder, external_data_dir)
     session = session_factory(
         model_bytes if model_bytes is not None else str(model_path),
         sess_options=options,

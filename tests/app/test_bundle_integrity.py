@@ -37,8 +37,13 @@ async def test_onnx_external_data_is_never_read(make_models_dir):
     bundle = models / "classify"
     # The listed ONNX file (its hash recorded) keeps its weights in weights.bin, which no manifest lists.
     proto = onnx.load(str(bundle / SERVED_FILE))
-    onnx.save_model(proto, str(bundle / SERVED_FILE), save_as_external_data=True, location="weights.bin",
-                    size_threshold=1024)
+    onnx.save_model(
+        proto,
+        str(bundle / SERVED_FILE),
+        save_as_external_data=True,
+        location="weights.bin",
+        size_threshold=1024,
+    )
     relist(bundle, SERVED_FILE)
     assert (bundle / "weights.bin").stat().st_size > 0
     async with serving(models, ready=False) as (_, client):
@@ -99,4 +104,3 @@ async def test_a_malformed_manifest_fails_only_its_model(make_models_dir, case):
         qa = (await model_states(client))["qa"]
         assert qa["status"] == "failed" and phrase in qa["error"], qa
         assert (await client.post("/classify", json={"text": "good"})).status_code == 200
-

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-import tomllib
 
 import pytest
+import tomllib
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
@@ -99,4 +99,6 @@ def test_this_environment_matches_the_serving_lock():
         if requirement.marker is not None and not requirement.marker.evaluate(environment):
             continue
         installed = importlib.metadata.version(requirement.name)
-        assert installed == pinned_version(requirement), f"{requirement.name} {installed} is not the locked one"
+        assert installed == pinned_version(requirement), (
+            f"{requirement.name} {installed} is not the locked one"
+        )

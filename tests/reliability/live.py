@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import psutil
 
+from app.api.connections import UVICORN_ARGS
 from benchmarks.bench_common import free_port  # the one free_port; re-exported for the tests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +82,8 @@ def start_server(models_dir: Path, log_dir: Path, **env: str) -> LiveServer:
     }
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+            + list(UVICORN_ARGS),
             cwd=ROOT,
             env=full_env,
             stdout=log,

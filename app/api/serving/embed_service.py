@@ -7,16 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.api.serving.task_service import (
-    ModelVersion,
-    TaskService,
-    Timings,
-    check_chars,
-    cpu_step,
-    long_input_headers,
-    sequence_items,
-)
-from app.errors import InputTooLong, InvalidInput, TooManyInputs
 from app.api.schemas import (
     EmbeddingData,
     EmbeddingUsage,
@@ -28,6 +18,16 @@ from app.api.schemas import (
     SimilarityRequest,
     SimilarityResponse,
 )
+from app.api.serving.task_service import (
+    ModelVersion,
+    TaskService,
+    Timings,
+    check_chars,
+    cpu_step,
+    long_input_headers,
+    sequence_items,
+)
+from app.errors import InputTooLong, InvalidInput, TooManyInputs
 from app.settings import Settings
 from processing import embed as embed_proc
 from processing.tokenizer import Encoding

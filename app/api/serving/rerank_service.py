@@ -8,9 +8,6 @@ from __future__ import annotations
 import time
 import uuid
 
-from app.api.serving.services import Classified, ClassifyService
-from app.api.serving.task_service import Timings, long_input_headers
-from app.errors import NotAReranker
 from app.api.rerank_schemas import (
     InfinityRerankRequest,
     InfinityRerankResponse,
@@ -23,6 +20,9 @@ from app.api.rerank_schemas import (
     RerankResult,
 )
 from app.api.schemas import EmbeddingUsage
+from app.api.serving.services import Classified, ClassifyService
+from app.api.serving.task_service import Timings, long_input_headers
+from app.errors import NotAReranker
 from app.observe.logs import request_id_var
 from processing import classify as classify_proc
 

@@ -13,10 +13,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from app.engine.batch_types import ItemResult, WorkItem
-from app.api.serving.embed_service import EmbedService
-from app.api.serving.task_service import ModelVersion, TaskService, Timings, check_chars, cpu_step, sequence_items
-from app.errors import InputTooLong, InvalidInput, TooManyChoices, TooManyInputs
 from app.api.schemas import (
     AnswerOut,
     ChoiceRequest,
@@ -32,6 +28,17 @@ from app.api.schemas import (
     QAResponse,
 )
 from app.api.service_schemas import TokenizeRequest, TokenOut
+from app.api.serving.embed_service import EmbedService
+from app.api.serving.task_service import (
+    ModelVersion,
+    TaskService,
+    Timings,
+    check_chars,
+    cpu_step,
+    sequence_items,
+)
+from app.engine.batch_types import ItemResult, WorkItem
+from app.errors import InputTooLong, InvalidInput, TooManyChoices, TooManyInputs
 from app.settings import Settings
 from export.bundle import DEFAULT_QA
 from processing import choice as choice_proc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -67,8 +68,9 @@ class LiveServer:
         return self.process.returncode
 
 
-def start_server(models_dir: Path, log_dir: Path, **env: str) -> LiveServer:
-    """Start uvicorn on a free port with MODELS_DIR and extra settings (env names, e.g. MAX_QUEUE="8")."""
+def start_server(models_dir: Path, log_dir: Path, nofile: int | None = None, **env: str) -> LiveServer:
+    """Start uvicorn on a free port with MODELS_DIR and extra settings (env names, e.g. MAX_QUEUE="8");
+    `nofile`: the process's open-file limit (`ulimit -n`)."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{port}.log"
@@ -88,5 +90,6 @@ def start_server(models_dir: Path, log_dir: Path, **env: str) -> LiveServer:
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=None if nofile is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)),
         )
     return LiveServer(process, port, log_path)

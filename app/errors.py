@@ -7,6 +7,8 @@ The message is written for the client; `field` names the offending field, if any
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class ServiceError(Exception):
     field: str | None = None  # the field a subclass's errors are about unless one is given
@@ -137,3 +139,15 @@ class MemoryLimitExceeded(VersionRejected):
 
 class AdminDisabled(ModelError):
     """The admin API is off because ADMIN_API_KEY is unset."""
+
+
+def hide_paths(text: str | None, models_dir: Path) -> str | None:
+    """`text` as a client may read it: MODELS_DIR's absolute path (what a load error names) replaced
+    by `MODELS_DIR`, so answers never show where the server keeps its files; the logs keep it."""
+    if not text:
+        return text
+    roots = {str(models_dir.resolve()), str(models_dir.absolute()), str(models_dir)}
+    for root in sorted(roots, key=len, reverse=True):
+        if root not in (".", ""):
+            text = text.replace(root, "MODELS_DIR")
+    return text

@@ -46,6 +46,7 @@ from app.errors import (
     Unauthorized,
     UnsupportedMediaType,
     VersionRejected,
+    hide_paths,
 )
 from app.observe.logs import request_id_var
 
@@ -246,7 +247,8 @@ def client_message(exc: ServiceError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return domain_error_response(exc, client_message(exc), exc.field)
+        message = hide_paths(client_message(exc), request.app.state.service_state.settings.models_dir)
+        return domain_error_response(exc, message or "", exc.field)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

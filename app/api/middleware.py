@@ -49,6 +49,14 @@ V2_READY_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?/ready$")
 V2_MODEL_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?(?P<verb>/ready|/infer)?$")
 
 
+LOGGED_CHARS = 256  # of a client-chosen field in a log line: a 64 kB path must not become a 64 kB line
+
+
+def capped(text: str) -> str:
+    extra = len(text) - LOGGED_CHARS
+    return text if extra <= 0 else f"{text[:LOGGED_CHARS]}...(+{extra} chars)"
+
+
 def endpoint_label(path: str) -> str:
     # Raw paths would let any client create unbounded metric label values.
     if path.startswith(ADMIN_PREFIX):
@@ -198,7 +206,7 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_with_id)
         except Exception:
             # Last line of defence: log the traceback, answer a bare 500 without it.
-            log.exception("unhandled error", extra={"path": scope["path"]})
+            log.exception("unhandled error", extra={"path": capped(scope["path"])})
             message = f"internal server error (request id {request_id})"
             response = domain_error_response(InternalError(message), message)
             state["status"] = response.status_code
@@ -217,8 +225,8 @@ class RequestContextMiddleware:
                 logging.DEBUG if scope["path"] in QUIET_PATHS else logging.INFO,
                 "request",
                 extra={
-                    "method": scope.get("method"),
-                    "path": scope["path"],
+                    "method": capped(scope.get("method") or ""),
+                    "path": capped(scope["path"]),
                     "status": state["status"],
                     "duration_ms": round(elapsed * 1000, 2),
                     **({"model": model} if model else {}),

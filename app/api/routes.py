@@ -19,7 +19,7 @@ from app.api.cache import Entry, Key, canonical
 from app.api.error_table import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
 from app.api.lean_route import LeanRoute
 from app.api.listing import list_models, openai_model_list
-from app.api.middleware import MODEL_SCOPE_KEY
+from app.api.middleware import MODEL_SCOPE_KEY, bearer_matches
 from app.api.rerank_schemas import (
     InfinityRerankRequest,
     InfinityRerankResponse,
@@ -67,7 +67,7 @@ from app.api.serving.services import (
 from app.api.serving.task_service import TaskService, Timings
 from app.engine.batch_types import Schedule
 from app.engine.loader import Bundle
-from app.errors import NoModel
+from app.errors import NoModel, hide_paths
 from processing.tasks import TASKS
 
 # Every route of `router` needs the API key when one is set, checked by AuthMiddleware from the
@@ -340,6 +340,12 @@ async def health() -> HealthResponse:
 )
 async def ready(request: Request) -> JSONResponse:
     is_ready, status, models, errors = readiness(request)
+    # Why a model failed is for operators: with API_KEY set, only a caller with the key reads it
+    # (the logs have it all); a probe learns ready or not, and each model's status.
+    settings = state_of(request).settings
+    if settings.api_key is not None and not bearer_matches(request.scope, settings.api_key):
+        errors = {}
+    errors = {name: hide_paths(error, settings.models_dir) or "" for name, error in errors.items()}
     body = ReadyResponse(ready=is_ready, status=status, models=models, errors=errors)
     return JSONResponse(body.model_dump(), status_code=200 if is_ready else NOT_READY)
 

@@ -77,6 +77,8 @@ class Model:
     reranker: bool = False  # its manifest's role, known from discovery on (see Registry.default_name)
     history: list[VersionEvent] = field(default_factory=list)
     seen: tuple = ()  # the repository fingerprint of the last load attempt (for the poller)
+    # Readiness waits for it: found at start-up, or it has served since (not unloaded since).
+    required: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     def event(self, version: VersionDir | Bundle, status: str, error: str | None = None) -> None:
@@ -129,13 +131,13 @@ class Registry:
         if not self.models_dir.is_dir():
             raise ConfigError(f"MODELS_DIR {self.models_dir} is not a directory")
         for name, versions in scan(self.models_dir).items():
-            model = self.models[name] = Model(name)
+            model = self.models[name] = Model(name, required=True)
             for version in versions:  # the task of the newest readable manifest
                 try:
                     manifest = load_bundle_manifest(version.path)
                     model.task, model.reranker = manifest.task, manifest.reranker
                     break
-                except BundleError as e:
+                except Exception as e:  # noqa: BLE001 - any malformed manifest fails its model only
                     model.status, model.error = "failed", f"unreadable manifest: {e}"
             if model.task is not None:
                 model.status, model.error = "pending", None
@@ -347,11 +349,16 @@ class Registry:
                 bundle.idle.set()
 
     def readiness(self) -> tuple[bool, str, dict[str, str], dict[str, str]]:
+        """Ready when every required model serves: those found at start-up (so a replica whose
+        bundle fails never takes traffic, and the old replicas keep serving), and any model that has
+        served since. A model added later (admin load, MODEL_POLL_S) that fails is named, and
+        readiness stays as it was."""
         models = [m for m in self.models.values() if m.status != "unloaded"]
         statuses = {m.name: m.status for m in models}
         errors = {m.name: m.error for m in models if m.status == "failed" and m.error}
-        if any(m.status == "failed" for m in models):
+        required = [m for m in models if m.required]
+        if any(m.status == "failed" and m.current is None for m in required):
             return False, "failed", statuses, errors
-        if not self.load_finished or any(m.current is None for m in models):
+        if not self.load_finished or any(m.current is None for m in required):
             return False, "loading", statuses, errors
         return True, "ready", statuses, errors

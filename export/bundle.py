@@ -309,7 +309,8 @@ def load_bundle_manifest(bundle_dir: str | Path) -> BundleManifest:
     if not path.is_file():
         raise BundleError(f"{path} is missing: {bundle_dir} is not a model bundle")
     if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise BundleError(f"{path} is {path.stat().st_size} bytes: no manifest is larger than {MAX_MANIFEST_BYTES}")
+        size = path.stat().st_size
+        raise BundleError(f"{path} is {size} bytes: no manifest is larger than {MAX_MANIFEST_BYTES}")
     try:
         text = path.read_text(encoding="utf-8")
         if _json_depth(text) > MAX_MANIFEST_DEPTH:

@@ -20,8 +20,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "requirements"
@@ -40,7 +41,10 @@ def inputs_digest(pyproject: Path = ROOT / "pyproject.toml") -> str:
 
 def tested_versions() -> str:
     frozen = subprocess.run(
-        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return "\n".join(line for line in frozen.splitlines() if "==" in line)
 
@@ -49,13 +53,25 @@ def torch_source() -> list[str]:
     links = os.environ.get("PIP_FIND_LINKS", "").split()
     if links:
         return [arg for link in links for arg in ("--find-links", link)]
-    return ["--extra-index-url", "https://download.pytorch.org/whl/cpu", "--index-strategy", "unsafe-best-match"]
+    return [
+        "--extra-index-url",
+        "https://download.pytorch.org/whl/cpu",
+        "--index-strategy",
+        "unsafe-best-match",
+    ]
 
 
 def compile_lock(name: str, extras: list[str], constraints: Path) -> str:
     command = [sys.executable, "-m", "uv", "pip", "compile", "pyproject.toml", "--quiet"]
     command += [arg for extra in extras for arg in ("--extra", extra)]
-    command += ["--generate-hashes", "--universal", "--python-version", PYTHON, "--no-annotate", "--no-header"]
+    command += [
+        "--generate-hashes",
+        "--universal",
+        "--python-version",
+        PYTHON,
+        "--no-annotate",
+        "--no-header",
+    ]
     command += ["-c", str(constraints), *torch_source()]
     command += [arg for package in LEFT_OUT for arg in ("--no-emit-package", package)]
     locked = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -69,7 +85,9 @@ def compile_lock(name: str, extras: list[str], constraints: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tested", type=Path, help="a `pip freeze` of the tested environment")
     args = parser.parse_args()
     tested = args.tested.read_text() if args.tested else tested_versions()

@@ -130,6 +130,7 @@ async def infer(
     state = state_of(request)
     model = state.registry.resolve(None, name)
     assert model.task is not None
+    v2.check_shapes(body, state.settings.max_batch_items, max(state.settings.max_choices, 1))
     v2_binary.attach_inputs(body, request.scope.get(v2_binary.SCOPE_KEY))
     decoded = v2.decode(TASKS[model.task], body, state.settings.max_batch_items)
     binary = v2_binary.binary_outputs(body, [t.name for t in decoded.outputs])

@@ -43,10 +43,14 @@ async def test_at_start_up_a_model_whose_only_version_fails_keeps_the_server_unr
     (models / "ner" / "bundle.json").write_text("{not json")
     async with serving(models, ready=False) as (_, client):
         r = await wait_ready(client)
-        assert r.status_code == 503 and r.json()["status"] == "failed" and r.json()["models"]["ner"] == "failed"
+        assert (
+            r.status_code == 503 and r.json()["status"] == "failed" and r.json()["models"]["ner"] == "failed"
+        )
 
 
-async def test_unauthenticated_ready_says_ready_or_not_and_no_answer_shows_a_path(make_models_dir, app_bundles):
+async def test_unauthenticated_ready_says_ready_or_not_and_no_answer_shows_a_path(
+    make_models_dir, app_bundles
+):
     models = make_models_dir(("classify",))
     (models / "classify" / "bundle.json").write_text("{not json")  # its error names the file's path
     root = str(models.resolve())

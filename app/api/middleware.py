@@ -20,7 +20,7 @@ from app.api.error_table import (
     is_v2_path,
     v2_errors,
 )
-from app.errors import BodyTooLarge, InternalError, Overloaded, Unauthorized
+from app.errors import BodyTooLarge, InternalError, Overloaded, Unauthorized, UnsupportedMediaType
 from app.observe.logs import new_request_id, request_id_var
 from app.observe.metrics import Metrics
 from processing.tasks import TASK_PATHS
@@ -49,6 +49,7 @@ V2_READY_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?/ready$")
 V2_MODEL_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?(?P<verb>/ready|/infer)?$")
 
 
+GZIP_MAGIC = b"\x1f\x8b"
 LOGGED_CHARS = 256  # of a client-chosen field in a log line: a 64 kB path must not become a 64 kB line
 
 
@@ -249,13 +250,25 @@ class BodyLimitMiddleware:
         response = domain_error_response(BodyTooLarge(message, "body"), message, "body")
         await response(scope, receive, send)
 
+    async def _unsupported(self, scope: Scope, receive: Receive, send: Send, what: str) -> None:
+        message = f"{what}: send the body uncompressed (UTF-8 JSON, or V2's binary form)"
+        response = domain_error_response(UnsupportedMediaType(message), message, "body")
+        response.headers["connection"] = "close"  # what is left of the body is never read
+        await response(scope, receive, send)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length")
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._reject(scope, receive, send, declared)
+            return
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            what = f"Content-Encoding {encoding[:40]!r} is not supported"
+            await self._unsupported(scope, receive, send, what)
             return
         chunks, total = [], 0
         while True:
@@ -270,6 +283,9 @@ class BodyLimitMiddleware:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
+        if chunks and chunks[0][:2] == GZIP_MAGIC:  # JSON, and V2's JSON header, never start so
+            await self._unsupported(scope, receive, send, "the body is gzip-compressed")
+            return
         replayed = False
 
         async def replay() -> Message:

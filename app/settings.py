@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     )
     max_wait_ms: float = Field(0.0, ge=0, description="0 = continuous batching (no wait)")
     max_queue: int = Field(512, ge=1, description="Queued work items per model before 429")
+    max_queue_ms: float = Field(
+        5000.0,
+        ge=0,
+        description="A request without timeout_ms whose work is still queued this long gets 503 with "
+        "Retry-After; 0 = no server deadline",
+    )
     priority_aging_ms: float = Field(
         500.0, ge=0, description="Normal-priority work queued this long is batched as if it were high"
     )

@@ -20,7 +20,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.service_schemas import ErrorResponse
 from app.api.v2_schemas import V2ErrorResponse
-from app.engine.batch_types import BatcherClosed, BatchFailed, DeadlineExceeded, QueueFull, TooLarge
+from app.engine.batch_types import (
+    BatcherClosed,
+    BatchFailed,
+    DeadlineExceeded,
+    QueueFull,
+    QueueTimedOut,
+    TooLarge,
+)
 from app.errors import (
     AdminDisabled,
     BodyTooLarge,
@@ -110,6 +117,7 @@ ERRORS: dict[type[Exception], Status] = {
     BatchFailed: Status(500, "inference_failed"),
     BatcherClosed: Status(503, "shutting_down", retry=True),
     DeadlineExceeded: Status(504, "deadline_exceeded"),
+    QueueTimedOut: Status(503, "queue_timeout", retry=True),
 }
 
 

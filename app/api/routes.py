@@ -100,7 +100,10 @@ async def serve(
     # Every task request has `timeout_ms` and `priority` (schemas.Request); a body without them
     # is scheduled by its headers alone.
     schedule = schedule_for(
-        request.headers, getattr(body, "timeout_ms", None), getattr(body, "priority", None)
+        request.headers,
+        getattr(body, "timeout_ms", None),
+        getattr(body, "priority", None),
+        state_of(request).settings.max_queue_ms,
     )
 
     async def work(bundle: Bundle, timings: Timings) -> Any:

@@ -134,7 +134,8 @@ async def infer(
     v2_binary.attach_inputs(body, request.scope.get(v2_binary.SCOPE_KEY))
     decoded = v2.decode(TASKS[model.task], body, state.settings.max_batch_items)
     binary = v2_binary.binary_outputs(body, [t.name for t in decoded.outputs])
-    schedule = schedule_for(request.headers, decoded.timeout_ms, decoded.priority)
+    max_queue_ms = state.settings.max_queue_ms
+    schedule = schedule_for(request.headers, decoded.timeout_ms, decoded.priority, max_queue_ms)
 
     async def work(bundle: Bundle, timings: Timings) -> V2InferResponse:
         answers = await v2.infer_rows(bundle.service, decoded.rows, timings)

@@ -11,8 +11,9 @@ are buffered. `GuardedHttp` is uvicorn's httptools protocol with:
   answer has started);
 - MAX_PENDING_BODY_MB: bytes of bodies still arriving, all connections together; the chunk (or the
   Content-Length) that would pass it gets 503;
-- MAX_CONNECTIONS: at the cap, a new connection closes the oldest connection that is only sending
-  headers or idling between requests, so a probe or a real client always gets in; when every
+- MAX_CONNECTIONS: at the cap, a new connection closes the oldest connection that has never been
+  answered and is only sending headers (or nothing), else the oldest one idling between requests,
+  so a probe or a real client always gets in and a served client keeps its connection; when every
   connection is busy with a request, the new one gets 503 and is closed.
 Idle keep-alive is uvicorn's own `--timeout-keep-alive`. Refusals are written on the socket
 before any ASGI request exists, with the statuses of app/api/error_table.py.
@@ -83,7 +84,11 @@ class Guard:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def oldest_waiting(self) -> GuardedHttp | None:
-        return next((c for c in self.open if c.waiting), None)
+        """The connection to close for a new one: the oldest that has never completed a request
+        and is only sending headers (or nothing), else the oldest idle between requests. A client
+        that was served keeps its connection while any attacker's is left."""
+        waiting = [c for c in self.open if c.waiting]
+        return next((c for c in waiting if not c.served), waiting[0] if waiting else None)
 
 
 class GuardedHttp(HttpToolsProtocol):
@@ -104,6 +109,7 @@ class GuardedHttp(HttpToolsProtocol):
         self.closed = False
         self.timer: asyncio.TimerHandle | None = None
         self.request_cycle: Any = None  # the ASGI cycle of the request being read or answered
+        self.served = False  # a request of its has been answered
 
     @property
     def waiting(self) -> bool:
@@ -170,6 +176,10 @@ class GuardedHttp(HttpToolsProtocol):
         self.arm(self.g.limits.body_timeout_s, self.body_timed_out)
         super().on_headers_complete()
         self.request_cycle = self.cycle
+
+    def on_response_complete(self) -> None:
+        self.served = True
+        super().on_response_complete()
 
     def on_body(self, body: bytes) -> None:
         if self.closed:

@@ -129,6 +129,11 @@ class Schedule:
         deadline = None if timeout_ms is None else now + timeout_ms / 1000.0
         return cls(priority=priority, deadline=deadline, timeout_ms=timeout_ms, started=now, server=server)
 
+    def due(self, now: float) -> bool:
+        """Its deadline has passed: the client's at any time, the server's (a bound on the wait
+        before a request starts) only while none of its items has been batched."""
+        return self.deadline is not None and self.deadline <= now and not (self.server and self.taken)
+
     def expired_error(self, now: float) -> DeadlineExceeded:
         kind = QueueTimedOut if self.server else DeadlineExceeded
         return kind(self.timeout_ms, now - self.started)

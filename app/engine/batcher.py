@@ -222,7 +222,7 @@ class Batcher:
     def _expire_due(self) -> None:
         """Drop every queued item whose deadline has passed: it is answered now and never computed."""
         now = self.clock()
-        due = [it for it in self._queue if it.schedule.deadline is not None and it.schedule.deadline <= now]
+        due = [it for it in self._queue if it.schedule.due(now)]
         if not due:
             return
         dropped = {id(it) for it in due}

@@ -48,3 +48,15 @@ def test_a_client_timeout_is_the_clients_and_zero_turns_the_server_deadline_off(
     expired = Schedule.within(10.0)
     assert type(expired.expired_error(expired.started + 1)) is DeadlineExceeded
 
+
+
+async def test_the_server_deadline_bounds_the_wait_to_start_not_the_work_of_a_started_request():
+    """A long request that has started is served to the end (its windows take turns with other
+    requests), however long that takes; one that never started by MAX_QUEUE_MS is refused."""
+    runtime = StepRuntime()
+    batcher = await started(runtime)
+    long = batcher.submit([item(1, 4), item(2, 4), item(3, 4)], schedule_for({}, max_queue_ms=30))
+    await runtime.started(1)  # its first window is running: the request has started
+    await asyncio.sleep(0.06)  # past its server deadline
+    await finish(runtime, batcher, long)
+    assert all(f.exception() is None for f in long) and runtime.computed() == [1, 2, 3]

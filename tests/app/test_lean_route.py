@@ -175,7 +175,8 @@ def test_app_imports_no_private_fastapi_or_starlette_name():
     offenders = []
     for path in Path(app.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("fastapi", "starlette"):
+            package = (getattr(node, "module", None) or "").split(".")[0]
+            if isinstance(node, ast.ImportFrom) and package in ("fastapi", "starlette"):
                 names = [*node.module.split("."), *(a.name for a in node.names)]
                 if any(n.startswith("_") for n in names):
                     offenders.append(f"{path.name}:{node.lineno}")

@@ -20,6 +20,7 @@ async def test_a_gzip_body_gets_415(served):
     _, client = served
     body = gzip.compress(json.dumps({"text": "good"}).encode())
     for headers in ({"content-encoding": "gzip"}, {}):
-        r = await client.post("/classify", content=body, headers={"content-type": "application/json", **headers})
+        headers = {"content-type": "application/json", **headers}
+        r = await client.post("/classify", content=body, headers=headers)
         assert r.status_code == 415 and r.json()["error"] == "unsupported_media_type", headers
         assert "uncompressed" in r.json()["message"]

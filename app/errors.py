@@ -7,6 +7,8 @@ The message is written for the client; `field` names the offending field, if any
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class ServiceError(Exception):
     field: str | None = None  # the field a subclass's errors are about unless one is given
@@ -60,6 +62,23 @@ class Unauthorized(RequestError):
 
 class Overloaded(RequestError):
     """Too many requests of the task in flight (MAX_IN_FLIGHT): refused before parsing; retry."""
+
+
+class RequestTimeout(RequestError):
+    """The request line and headers (HEADER_TIMEOUT_S) or the body (BODY_TIMEOUT_S) came too slowly."""
+
+
+class HeadersTooLarge(RequestError):
+    """The request line and headers exceed MAX_HEADER_BYTES."""
+
+
+class UnsupportedMediaType(RequestError):
+    """A body in an encoding the service does not decode (Content-Encoding: gzip, ...)."""
+
+
+class ServerBusy(RequestError):
+    """Too many connections (MAX_CONNECTIONS), bodies still arriving (MAX_PENDING_BODY_MB), or queued
+    work the server could not start within MAX_QUEUE_MS: retry later."""
 
 
 class InternalError(RequestError):
@@ -120,3 +139,15 @@ class MemoryLimitExceeded(VersionRejected):
 
 class AdminDisabled(ModelError):
     """The admin API is off because ADMIN_API_KEY is unset."""
+
+
+def hide_paths(text: str | None, models_dir: Path) -> str | None:
+    """`text` as a client may read it: MODELS_DIR's absolute path (what a load error names) replaced
+    by `MODELS_DIR`, so answers never show where the server keeps its files; the logs keep it."""
+    if not text:
+        return text
+    roots = {str(models_dir.resolve()), str(models_dir.absolute()), str(models_dir)}
+    for root in sorted(roots, key=len, reverse=True):
+        if root not in (".", ""):
+            text = text.replace(root, "MODELS_DIR")
+    return text

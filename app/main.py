@@ -27,9 +27,15 @@ from fastapi_offline import FastAPIOffline
 from app.api.admin import router as admin_router
 from app.api.cache import ResponseCache
 from app.api.error_table import install_error_handlers
-from app.api.middleware import AdmissionMiddleware, BodyLimitMiddleware, InFlight, RequestContextMiddleware
+from app.api.middleware import (
+    AdmissionMiddleware,
+    AuthMiddleware,
+    BodyLimitMiddleware,
+    InFlight,
+    RequestContextMiddleware,
+)
 from app.api.remote import FrontTable, RemoteControl, RemoteEngine
-from app.api.routes import AUTH, open_router, router
+from app.api.routes import open_router, router
 from app.api.serving.services import make_service
 from app.api.serving.task_service import TEI_HEADERS
 from app.api.v2_routes import router as v2_router
@@ -180,7 +186,7 @@ def create_app(settings: Settings | None = None, engine_socket: str | None = Non
     )
     app.state.service_state = state
     install_error_handlers(app)
-    app.include_router(router, dependencies=AUTH if settings.api_key is not None else None)
+    app.include_router(router)  # behind the key when one is set: AuthMiddleware
     app.include_router(open_router)
     app.include_router(v2_router)
     app.include_router(admin_router)
@@ -190,6 +196,8 @@ def create_app(settings: Settings | None = None, engine_socket: str | None = Non
     # but before it is parsed and tokenized.
     app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight, metrics=metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    # The key before any body byte is read: a refused client costs a header lookup.
+    app.add_middleware(AuthMiddleware, api_key=settings.api_key, admin_api_key=settings.admin_api_key)
     origins = settings.cors_origin_list
     if origins:
         app.add_middleware(

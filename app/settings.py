@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     )
     max_wait_ms: float = Field(0.0, ge=0, description="0 = continuous batching (no wait)")
     max_queue: int = Field(512, ge=1, description="Queued work items per model before 429")
+    max_queue_ms: float = Field(
+        5000.0,
+        ge=0,
+        description="A request without timeout_ms whose work is still queued this long gets 503 with "
+        "Retry-After; 0 = no server deadline",
+    )
     priority_aging_ms: float = Field(
         500.0, ge=0, description="Normal-priority work queued this long is batched as if it were high"
     )
@@ -60,6 +66,23 @@ class Settings(BaseSettings):
         128, ge=1, description="Requests per task endpoint being served at once before 429"
     )
     max_body_bytes: int = Field(1 << 20, ge=1024)
+    # The connection layer below ASGI (app/api/connections.py): what a proxy would otherwise enforce.
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A request's line and headers must arrive within this many seconds (408)"
+    )
+    max_header_bytes: int = Field(32768, ge=1024, description="A request's line and headers, in bytes (431)")
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request's whole body must arrive within this s after its headers (408)"
+    )
+    max_pending_body_mb: float = Field(
+        64.0, gt=0, description="Memory that all bodies still arriving may hold together (503 beyond)"
+    )
+    max_connections: int = Field(
+        0,
+        ge=0,
+        description="Open connections; 0 = min(4096, open-file limit - 128). At the cap a new connection "
+        "closes the oldest one still sending its request line and headers (or idle), else it gets 503",
+    )
     max_text_chars: int = Field(20_000, ge=1)
     max_qa_context_chars: int = Field(100_000, ge=1)
     max_batch_items: int = Field(64, ge=1)

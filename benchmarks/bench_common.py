@@ -395,6 +395,7 @@ def serve_ours(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--http", "app.api.connections:GuardedHttp", "--no-server-header"]  # as deploy/entrypoint.sh
     command += ["--workers", str(workers)] if workers > 1 else []
     env = {"MODELS_DIR": str(models_dir), "LOG_LEVEL": "WARNING", **env}
     return url, server(command, env, log_path, url, ready_timeout, outcome)

@@ -64,6 +64,8 @@ serve() {
     "${runner[@]}" app.main:app
     --host "$HOST" --port "$PORT" --workers "$WORKERS" --log-level "$level"
     --proxy-headers --no-server-header
+    # Connection limits at the socket: header/body timeouts, header size, connections (app/api/connections.py).
+    --http app.api.connections:GuardedHttp
     # Longer than nginx's upstream keepalive so the proxy never reuses a connection we closed.
     --timeout-keep-alive 75
     --timeout-graceful-shutdown "$grace"

@@ -140,9 +140,101 @@ def _check_file_name(name: str, what: str) -> None:
 
 
 def _require(data: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    if not isinstance(data, dict):
+        raise BundleError(f"{where}: expected a JSON object, got {type(data).__name__}")
     missing = [k for k in keys if k not in data]
     if missing:
         raise BundleError(f"{where}: missing key(s) {', '.join(missing)}")
+
+
+# A manifest is written by export: a few kB. Anything far larger or deeper is not one, and is refused
+# before the JSON parser could recurse through it.
+MAX_MANIFEST_BYTES = 4 << 20
+MAX_MANIFEST_DEPTH = 32
+# Longer than any BERT-family position table we serve; a larger max_seq_len would make warm-up
+# tokenize and run absurd batches (minutes, gigabytes) before the model could be refused.
+MAX_SEQ_LEN_CEILING = 8192
+# field -> (allowed types, what the message says). bool is excluded from int on purpose.
+FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "format_version": ((int,), "an integer"),
+    "task": ((str,), "a string"),
+    "name": ((str,), "a string"),
+    "labels": ((list, type(None)), "a list of strings or null"),
+    "problem_type": ((str, type(None)), "a string or null"),
+    "max_seq_len": ((int,), "an integer"),
+    "do_lower_case": ((bool,), "true or false"),
+    "inputs": ((list,), "a list"),
+    "outputs": ((list,), "a list"),
+    "variants": ((dict,), "an object"),
+    "tokenizer_files": ((dict,), "an object"),
+    "qa_defaults": ((dict, type(None)), "an object or null"),
+    "pooling": ((dict, type(None)), "an object or null"),
+    "preprocessing": ((dict,), "an object"),
+    "reranker": ((bool,), "true or false"),
+    "verification": ((dict,), "an object"),
+    "optimization": ((dict,), "an object"),
+    "quantization": ((dict,), "an object"),
+    "versions": ((dict,), "an object"),
+    "model": ((dict,), "an object"),
+    "created_at": ((str,), "a string"),
+}
+
+
+def _json_depth(text: str) -> int:
+    """How deeply brackets nest in a JSON text (strings skipped), without recursing."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _check_types(data: dict[str, Any], where: str) -> None:
+    for key, (types, words) in FIELD_TYPES.items():
+        if key in data and (
+            not isinstance(data[key], types) or (bool not in types and isinstance(data[key], bool))
+        ):
+            raise BundleError(f"{where}: {key} must be {words}, got {json.dumps(data[key])[:60]}")
+    if data.get("labels") is not None and not all(isinstance(x, str) for x in data["labels"]):
+        raise BundleError(f"{where}: labels must be a list of strings")
+    for key in ("inputs", "outputs"):
+        if not all(isinstance(x, dict) and isinstance(x.get("name"), str) for x in data[key]):
+            raise BundleError(f"{where}: every entry of {key} must be an object with a string name")
+    if data.get("qa_defaults") and not all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_SEQ_LEN_CEILING
+        for v in data["qa_defaults"].values()
+    ):
+        raise BundleError(f"{where}: qa_defaults must map names to positive integers")
+    ceiling = MAX_SEQ_LEN_CEILING
+    positions = data.get("model", {}).get("max_position_embeddings")
+    if isinstance(positions, int) and not isinstance(positions, bool):
+        ceiling = min(ceiling, positions)
+    if not 8 <= data["max_seq_len"] <= ceiling:
+        raise BundleError(
+            f"{where}: max_seq_len {data['max_seq_len']} is outside 8..{ceiling} "
+            "(the position table, and at most MAX_SEQ_LEN_CEILING)"
+        )
+
+
+def _check_entry(info: Any, where: str) -> None:
+    _require(info, ("sha256", "bytes"), where)
+    if not isinstance(info["sha256"], str) or len(info["sha256"]) != 64:
+        raise BundleError(f"{where}: sha256 must be 64 hex digits")
+    if not isinstance(info["bytes"], int) or isinstance(info["bytes"], bool) or info["bytes"] < 0:
+        raise BundleError(f"{where}: bytes must be a non-negative integer")
 
 
 def manifest_from_dict(data: dict[str, Any], where: str = MANIFEST_NAME) -> BundleManifest:
@@ -162,7 +254,8 @@ def manifest_from_dict(data: dict[str, Any], where: str = MANIFEST_NAME) -> Bund
         "tokenizer_files",
     )
     _require(data, required, where)
-    if not isinstance(data["format_version"], int) or data["format_version"] > FORMAT_VERSION:
+    _check_types(data, where)
+    if data["format_version"] > FORMAT_VERSION:
         raise BundleError(
             f"{where}: format_version {data['format_version']!r} is not supported (this reader knows "
             f"<= {FORMAT_VERSION}); upgrade the server"
@@ -183,11 +276,14 @@ def manifest_from_dict(data: dict[str, Any], where: str = MANIFEST_NAME) -> Bund
     required = ("file", "sha256", "bytes", "precision", "intended_device")
     for name, info in data["variants"].items():
         _require(info, required, f"{where}: variant {name!r}")
+        _check_entry(info, f"{where}: variant {name!r}")
+        if not isinstance(info["file"], str):
+            raise BundleError(f"{where}: variant {name!r} file must be a string")
         disabled = info.get("disabled_optimizers", [])
         if not isinstance(disabled, list) or not all(isinstance(x, str) for x in disabled):
             raise BundleError(f"{where}: variant {name!r} disabled_optimizers must be a list of names")
         _check_file_name(info["file"], f"variant {name!r}")
-        if info["precision"] not in PRECISIONS or info["intended_device"] not in DEVICES:
+        if str(info["precision"]) not in PRECISIONS or str(info["intended_device"]) not in DEVICES:
             raise BundleError(
                 f"{where}: variant {name!r} has precision {info['precision']!r} / device "
                 f"{info['intended_device']!r}; expected {PRECISIONS} / {DEVICES}"
@@ -196,7 +292,7 @@ def manifest_from_dict(data: dict[str, Any], where: str = MANIFEST_NAME) -> Bund
     tokenizer_files = {}
     for fname, info in data["tokenizer_files"].items():
         _check_file_name(fname, "tokenizer")
-        _require(info, ("sha256", "bytes"), f"{where}: tokenizer file {fname!r}")
+        _check_entry(info, f"{where}: tokenizer file {fname!r}")
         tokenizer_files[fname] = FileInfo(sha256=info["sha256"], bytes=info["bytes"])
     if not tokenizer_files:
         raise BundleError(f"{where}: no tokenizer files listed")
@@ -212,9 +308,15 @@ def load_bundle_manifest(bundle_dir: str | Path) -> BundleManifest:
         raise BundleError(f"bundle directory {bundle_dir} does not exist")
     if not path.is_file():
         raise BundleError(f"{path} is missing: {bundle_dir} is not a model bundle")
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        size = path.stat().st_size
+        raise BundleError(f"{path} is {size} bytes: no manifest is larger than {MAX_MANIFEST_BYTES}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        text = path.read_text(encoding="utf-8")
+        if _json_depth(text) > MAX_MANIFEST_DEPTH:
+            raise BundleError(f"{path} nests deeper than {MAX_MANIFEST_DEPTH} levels: not a manifest")
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise BundleError(f"{path} is not valid JSON: {e}") from e
     return manifest_from_dict(data, where=str(path))
 

@@ -7,6 +7,7 @@ typed errors (app/errors.py, the batcher's), and ERRORS maps them.
 
 from __future__ import annotations
 
+import json
 import logging
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -19,10 +20,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.service_schemas import ErrorResponse
 from app.api.v2_schemas import V2ErrorResponse
-from app.engine.batch_types import BatcherClosed, BatchFailed, DeadlineExceeded, QueueFull, TooLarge
+from app.engine.batch_types import (
+    BatcherClosed,
+    BatchFailed,
+    DeadlineExceeded,
+    QueueFull,
+    QueueTimedOut,
+    TooLarge,
+)
 from app.errors import (
     AdminDisabled,
     BodyTooLarge,
+    HeadersTooLarge,
     InputTooLong,
     InternalError,
     InvalidInput,
@@ -35,12 +44,16 @@ from app.errors import (
     NoModel,
     NotAReranker,
     Overloaded,
+    RequestTimeout,
+    ServerBusy,
     ServiceError,
     TextTooLong,
     TooManyChoices,
     TooManyInputs,
     Unauthorized,
+    UnsupportedMediaType,
     VersionRejected,
+    hide_paths,
 )
 from app.observe.logs import request_id_var
 
@@ -83,6 +96,10 @@ ERRORS: dict[type[Exception], Status] = {
     InvalidTensor: Status(400, "invalid_tensor"),
     Unauthorized: Status(401, "unauthorized", headers=(("WWW-Authenticate", "Bearer"),)),
     Overloaded: Status(429, "overloaded", retry=True),
+    RequestTimeout: Status(408, "request_timeout"),
+    HeadersTooLarge: Status(431, "headers_too_large"),
+    UnsupportedMediaType: Status(415, "unsupported_media_type"),
+    ServerBusy: Status(503, "server_busy", retry=True),
     InternalError: Status(500, "internal_error"),
     # model selection and control (app/errors.py)
     NoModel: Status(404, "no_model"),
@@ -100,6 +117,7 @@ ERRORS: dict[type[Exception], Status] = {
     BatchFailed: Status(500, "inference_failed"),
     BatcherClosed: Status(503, "shutting_down", retry=True),
     DeadlineExceeded: Status(504, "deadline_exceeded"),
+    QueueTimedOut: Status(503, "queue_timeout", retry=True),
 }
 
 
@@ -154,6 +172,21 @@ def domain_error_response(exc: Exception, message: str, field: str | None = None
         headers["Retry-After"] = str(RETRY_AFTER_S)
     fields = [{"field": field, "message": message}] if field else None
     return error_response(status.status, status.code, message, fields, headers or None)
+
+
+REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+
+
+def raw_error(exc: ServiceError) -> bytes:
+    """A whole HTTP/1.1 error response, for the connection layer (app/api/connections.py), which
+    answers before any ASGI request exists; the connection closes after it."""
+    status = status_of(exc)
+    body = json.dumps({"error": status.code, "message": exc.message}).encode()
+    headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+    headers += [("connection", "close")]
+    headers += list(status.headers) + ([("retry-after", str(RETRY_AFTER_S))] if status.retry else [])
+    head = f"HTTP/1.1 {status.status} {REASONS.get(status.status, 'Error')}\r\n"
+    return (head + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode("latin-1") + body
 
 
 def error_body(code: str, message: str, fields: list[dict[str, str]] | None = None) -> dict[str, Any]:
@@ -222,7 +255,8 @@ def client_message(exc: ServiceError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return domain_error_response(exc, client_message(exc), exc.field)
+        message = hide_paths(client_message(exc), request.app.state.service_state.settings.models_dir)
+        return domain_error_response(exc, message or "", exc.field)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -9,6 +9,13 @@ For a request in the plain case (`application/json`, a body that validates in py
 `serialize_response`. Everything else (another content type, an empty or invalid body, telemetry
 configured) goes to FastAPI's handler, so errors, their bodies and their order are FastAPI's.
 tests/app/test_lean_route.py checks both paths answer alike.
+
+Only FastAPI's public names are imported (no private module or underscored name), so a FastAPI
+release can change its internals without breaking the import; the lock pins the release the tests
+passed on. The dependencies it runs are the route's own and its router's (`APIRouter(dependencies=)`,
+merged into the route when it is added): a router of LeanRoutes must not be included with
+`include_router(dependencies=...)`, whose dependencies only FastAPI's private context carries. The
+API key is checked before routing anyway (app/api/middleware.py, AuthMiddleware).
 """
 
 from __future__ import annotations
@@ -19,10 +26,17 @@ from typing import Any
 
 from fastapi import Request, Response
 from fastapi.datastructures import DefaultPlaceholder
-from fastapi.routing import APIRoute, _effective_route_context_var, serialize_response
-from fastapi.telemetry import get_telemetry_data
+from fastapi.routing import APIRoute, serialize_response
 from fastapi.utils import is_body_allowed_for_status_code
 from pydantic import BaseModel, ValidationError
+
+try:  # OpenTelemetry spans: FastAPI >= 0.160 (a public package); none before
+    from fastapi.telemetry import get_telemetry_data
+except ImportError:  # pragma: no cover
+
+    def get_telemetry_data() -> None:
+        return None
+
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
@@ -34,11 +48,7 @@ def is_plain_json(content_type: str | None) -> bool:
 class LeanRoute(APIRoute):
     def get_route_handler(self) -> Handler:
         full = super().get_route_handler()
-        # FastAPI builds an included route's handler with the inclusion's context (its prefix and
-        # dependencies, e.g. the API key) in a ContextVar; read the route the same way it does.
-        context = _effective_route_context_var.get()
-        route: Any = context if context is not None and context.original_route is self else self
-        lean = _lean_handler(route, full)
+        lean = _lean_handler(self, full)
         return lean if lean is not None else full
 
 
@@ -55,7 +65,7 @@ def _lean_handler(route: Any, full: Handler) -> Handler | None:
         _has_parameters(dependant)
         or len(dependant.body_params) != 1
         or dependant.background_tasks_param_name
-        or route._embed_body_fields
+        or getattr(dependant.body_params[0].field_info, "embed", False)
         or route.response_field is None
         or not isinstance(route.response_class, DefaultPlaceholder)
         or not inspect.iscoroutinefunction(dependant.call)

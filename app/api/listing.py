@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.api.service_schemas import ModelInfo, ModelsResponse, OpenAIModel, OpenAIModelList, VersionInfo
-from app.errors import ServiceError
+from app.errors import ServiceError, hide_paths
 from export.bundle import VARIANT_NOTES, batch_invariant
 
 if TYPE_CHECKING:
@@ -44,6 +45,14 @@ def unix_time(iso: str) -> int:
         return 0
 
 
+def relative(path: str, models_dir: Path) -> str:
+    """A version's directory as answers show it: relative to MODELS_DIR (`news-topics/2`)."""
+    try:
+        return str(Path(path).resolve().relative_to(models_dir.resolve()))
+    except ValueError:
+        return Path(path).name
+
+
 def model_info(registry: Registry, model: Model) -> ModelInfo:
     """What /models (and the admin API) say about one model and its serving version."""
     settings = registry.settings
@@ -60,14 +69,20 @@ def model_info(registry: Registry, model: Model) -> ModelInfo:
         "classify_long_text": settings.classify_long_text,
     }
     bundle = model.current
+    root = Path(settings.models_dir)
     info = ModelInfo(
         name=model.name,
         task=model.task,
         status=model.status,
-        error=model.error,
+        error=hide_paths(model.error, root),
         default=model.task is not None and registry.default_name(model.task) == model.name,
         rerank_default=model.task == "classify" and rerank_default(registry) == model.name,
-        versions=[VersionInfo(**vars(event)) for event in model.history],
+        versions=[
+            VersionInfo(
+                **{**vars(event), "path": relative(event.path, root), "error": hide_paths(event.error, root)}
+            )
+            for event in model.history
+        ],
         limits=limits,
     )
     if bundle is None:
@@ -79,7 +94,7 @@ def model_info(registry: Registry, model: Model) -> ModelInfo:
         )
     return info.model_copy(
         update=dict(
-            path=str(bundle.path),
+            path=relative(str(bundle.path), root),
             version=bundle.version,
             digest=bundle.digest,
             memory_mb=None if bundle.memory_bytes is None else round(bundle.memory_bytes / MB, 1),

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
 import time
 from typing import Any
 
+from pydantic import SecretStr
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.error_table import ERRORS, RETRY_AFTER_S, domain_error_response, is_v2_path, v2_errors
-from app.errors import BodyTooLarge, InternalError, Overloaded
+from app.api.error_table import (
+    CLIENT_CLOSED,
+    ERRORS,
+    RETRY_AFTER_S,
+    domain_error_response,
+    is_v2_path,
+    v2_errors,
+)
+from app.errors import BodyTooLarge, InternalError, Overloaded, Unauthorized, UnsupportedMediaType
 from app.observe.logs import new_request_id, request_id_var
 from app.observe.metrics import Metrics
 from processing.tasks import TASK_PATHS
@@ -36,7 +45,17 @@ QUIET_PATHS = {"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/r
 ADMIN_PREFIX = "/admin/"
 MODEL_SCOPE_KEY = "bert.model"  # set by the route to the model that served the request
 # /v2/models/{name}[/versions/{version}][/ready | /infer]: labelled by the route, never the raw name.
+V2_READY_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?/ready$")
 V2_MODEL_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?(?P<verb>/ready|/infer)?$")
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+LOGGED_CHARS = 256  # of a client-chosen field in a log line: a 64 kB path must not become a 64 kB line
+
+
+def capped(text: str) -> str:
+    extra = len(text) - LOGGED_CHARS
+    return text if extra <= 0 else f"{text[:LOGGED_CHARS]}...(+{extra} chars)"
 
 
 def endpoint_label(path: str) -> str:
@@ -113,6 +132,55 @@ class AdmissionMiddleware:
             self.active[task] -= 1
 
 
+# Never behind the key: probes, metrics, the docs and the V2 server's health and metadata.
+OPEN_PATHS = {"/health", "/ready", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready"}
+OPEN_PREFIXES = ("/docs", "/redoc", "/openapi.json", "/static-offline-docs/")
+
+
+def bearer_matches(scope: Scope, key: SecretStr) -> bool:
+    scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+    # compare_digest: the comparison time must not reveal how much of the key matched.
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        token.strip().encode("utf-8"), key.get_secret_value().encode("utf-8")
+    )
+
+
+def has_body(scope: Scope) -> bool:
+    headers = Headers(scope=scope)
+    return headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+
+
+class AuthMiddleware:
+    """The key is checked from the headers alone, before any byte of the body is read or parsed:
+    401 whatever the body, on every route but the open ones (API_KEY; ADMIN_API_KEY under /admin/,
+    whose routes answer 404 admin_disabled themselves when it is unset). A refused request's body is
+    never read: its connection closes after the answer."""
+
+    def __init__(self, app: ASGIApp, api_key: SecretStr | None, admin_api_key: SecretStr | None):
+        self.app, self.api_key, self.admin_api_key = app, api_key, admin_api_key
+
+    def key_for(self, path: str) -> tuple[SecretStr | None, str]:
+        if path.startswith(ADMIN_PREFIX):
+            return self.admin_api_key, "admin API key"
+        if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or V2_READY_PATH.match(path):
+            return None, ""
+        return self.api_key, "API key"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        key, what = self.key_for(scope["path"])
+        if key is None or bearer_matches(scope, key):
+            await self.app(scope, receive, send)
+            return
+        message = f"missing or invalid {what}: send 'Authorization: Bearer <key>'"
+        response = domain_error_response(Unauthorized(message), message)
+        if has_body(scope):
+            response.headers["connection"] = "close"
+        await response(scope, receive, send)
+
+
 class RequestContextMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics, in_flight: InFlight):
         self.app, self.metrics, self.in_flight = app, metrics, in_flight
@@ -139,7 +207,7 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_with_id)
         except Exception:
             # Last line of defence: log the traceback, answer a bare 500 without it.
-            log.exception("unhandled error", extra={"path": scope["path"]})
+            log.exception("unhandled error", extra={"path": capped(scope["path"])})
             message = f"internal server error (request id {request_id})"
             response = domain_error_response(InternalError(message), message)
             state["status"] = response.status_code
@@ -148,6 +216,8 @@ class RequestContextMiddleware:
         finally:
             elapsed = time.perf_counter() - started
             self.in_flight.leave()
+            if not state["started"]:  # the connection layer answered (408, 503), or the client left
+                state["status"] = scope.get("bert.refused", CLIENT_CLOSED)
             status = str(state["status"])
             model = scope.get(MODEL_SCOPE_KEY, "")
             self.metrics.child(self.metrics.requests, endpoint, status, model).inc()
@@ -156,8 +226,8 @@ class RequestContextMiddleware:
                 logging.DEBUG if scope["path"] in QUIET_PATHS else logging.INFO,
                 "request",
                 extra={
-                    "method": scope.get("method"),
-                    "path": scope["path"],
+                    "method": capped(scope.get("method") or ""),
+                    "path": capped(scope["path"]),
                     "status": state["status"],
                     "duration_ms": round(elapsed * 1000, 2),
                     **({"model": model} if model else {}),
@@ -180,13 +250,25 @@ class BodyLimitMiddleware:
         response = domain_error_response(BodyTooLarge(message, "body"), message, "body")
         await response(scope, receive, send)
 
+    async def _unsupported(self, scope: Scope, receive: Receive, send: Send, what: str) -> None:
+        message = f"{what}: send the body uncompressed (UTF-8 JSON, or V2's binary form)"
+        response = domain_error_response(UnsupportedMediaType(message), message, "body")
+        response.headers["connection"] = "close"  # what is left of the body is never read
+        await response(scope, receive, send)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length")
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._reject(scope, receive, send, declared)
+            return
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            what = f"Content-Encoding {encoding[:40]!r} is not supported"
+            await self._unsupported(scope, receive, send, what)
             return
         chunks, total = [], 0
         while True:
@@ -201,6 +283,9 @@ class BodyLimitMiddleware:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
+        if chunks and chunks[0][:2] == GZIP_MAGIC:  # JSON, and V2's JSON header, never start so
+            await self._unsupported(scope, receive, send, "the body is gzip-compressed")
+            return
         replayed = False
 
         async def replay() -> Message:

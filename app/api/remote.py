@@ -160,7 +160,7 @@ class FrontTable(ModelTable):
             if current is not None and model.current is not current:
                 dropped.append(current)
             model.task, model.status, model.error = row.task, row.status, row.error
-            model.reranker, model.history = row.reranker, row.history
+            model.reranker, model.history, model.required = row.reranker, row.history, row.required
             self.models[row.name] = model
         for name in set(self.models) - {row.name for row in table.models}:
             gone = self.models.pop(name)

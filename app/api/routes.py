@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import SecretStr, TypeAdapter
+from pydantic import TypeAdapter
 
 from app.api.cache import Entry, Key, canonical
 from app.api.error_table import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
 from app.api.lean_route import LeanRoute
 from app.api.listing import list_models, openai_model_list
-from app.api.middleware import MODEL_SCOPE_KEY
+from app.api.middleware import MODEL_SCOPE_KEY, bearer_matches
 from app.api.rerank_schemas import (
     InfinityRerankRequest,
     InfinityRerankResponse,
@@ -67,15 +66,15 @@ from app.api.serving.services import (
 )
 from app.api.serving.task_service import TaskService, Timings
 from app.engine.batch_types import Schedule
-from app.errors import NoModel, Unauthorized
+from app.errors import NoModel, hide_paths
 from processing.tasks import TASKS
 
 if TYPE_CHECKING:
     from app.engine.table import Bundle
 
-# Every route of `router` needs the API key when one is set: main.py includes it with the AUTH
-# dependency then, and without it otherwise (a no-op dependency still costs each request ~20 us).
-# Its task routes skip FastAPI's generic request handling in the plain case (app/api/lean_route.py).
+# Every route of `router` needs the API key when one is set, checked by AuthMiddleware from the
+# headers before the body is read (app/api/middleware.py). Its task routes skip FastAPI's generic
+# request handling in the plain case (app/api/lean_route.py).
 # `open_router`: liveness, readiness and metrics, never behind the key.
 router = APIRouter(route_class=LeanRoute)
 open_router = APIRouter()
@@ -83,21 +82,6 @@ open_router = APIRouter()
 
 def state_of(request: Request) -> Any:
     return request.app.state.service_state
-
-
-def check_bearer(request: Request, key: SecretStr, what: str) -> None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    # compare_digest: the comparison time must not reveal how much of the key matched.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        token.strip().encode("utf-8"), key.get_secret_value().encode("utf-8")
-    ):
-        raise Unauthorized(f"missing or invalid {what}: send 'Authorization: Bearer <key>'")
-
-
-async def require_api_key(request: Request) -> None:
-    key = state_of(request).settings.api_key
-    if key is not None:
-        check_bearer(request, key, "API key")
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -118,7 +102,10 @@ async def serve(
     # Every task request has `timeout_ms` and `priority` (schemas.Request); a body without them
     # is scheduled by its headers alone.
     schedule = schedule_for(
-        request.headers, getattr(body, "timeout_ms", None), getattr(body, "priority", None)
+        request.headers,
+        getattr(body, "timeout_ms", None),
+        getattr(body, "priority", None),
+        state_of(request).settings.max_queue_ms,
     )
 
     async def work(bundle: Bundle, timings: Timings) -> Any:
@@ -208,9 +195,6 @@ def adapter(response_model: Any) -> TypeAdapter[Any]:
 def serialized(request: Request, result: Any) -> bytes:
     """`result` as JSON through its route's response model, as FastAPI serializes it."""
     return adapter(request.scope["route"].response_model).dump_json(result, by_alias=True)
-
-
-AUTH = [Depends(require_api_key)]
 
 
 # The task routes. Path, schemas and summary are the task's registry declaration (processing/tasks.py).
@@ -359,6 +343,12 @@ async def health() -> HealthResponse:
 )
 async def ready(request: Request) -> JSONResponse:
     is_ready, status, models, errors = readiness(request)
+    # Why a model failed is for operators: with API_KEY set, only a caller with the key reads it
+    # (the logs have it all); a probe learns ready or not, and each model's status.
+    settings = state_of(request).settings
+    if settings.api_key is not None and not bearer_matches(request.scope, settings.api_key):
+        errors = {}
+    errors = {name: hide_paths(error, settings.models_dir) or "" for name, error in errors.items()}
     body = ReadyResponse(ready=is_ready, status=status, models=models, errors=errors)
     return JSONResponse(body.model_dump(), status_code=200 if is_ready else NOT_READY)
 

@@ -39,12 +39,19 @@ def priority_of(value: object, where: str) -> Priority:
 
 
 def schedule_for(
-    headers: Mapping[str, str], timeout_ms: float | None = None, priority: str | Priority | None = None
+    headers: Mapping[str, str],
+    timeout_ms: float | None = None,
+    priority: str | Priority | None = None,
+    max_queue_ms: float = 0.0,
 ) -> Schedule:
-    """The Schedule of a request, from now: its fields where given, else its headers."""
+    """The Schedule of a request, from now: its fields where given, else its headers. Without a
+    timeout of the client's, the server's own (MAX_QUEUE_MS; 0 = none): work still queued then is
+    refused with 503 and Retry-After, never left waiting for a client that gave up."""
     if timeout_ms is None and TIMEOUT_HEADER in headers:
         timeout_ms = timeout_ms_of(headers[TIMEOUT_HEADER], TIMEOUT_HEADER)
     if priority is None:
         priority = headers.get(PRIORITY_HEADER, "normal")
     level = priority if isinstance(priority, Priority) else priority_of(priority, PRIORITY_HEADER)
+    if timeout_ms is None and max_queue_ms > 0:
+        return Schedule.within(max_queue_ms, level, server=True)
     return Schedule.within(timeout_ms, level)

@@ -58,11 +58,50 @@ def describe(tensors: Sequence[Tensor]) -> str:
     )
 
 
-def flatten(data: Any) -> list[Any]:
-    """Tensor data in its natural nested form or already flat, as one row-major list."""
+def flatten(data: Any, shape: list[int], name: str) -> list[Any]:
+    """Tensor data, already flat or nested exactly as its shape, as one row-major list. Ragged
+    data, or data nested deeper than the shape, is refused; no recursion, whatever the depth."""
     if not isinstance(data, list):
         return [data]
-    return [x for item in data for x in flatten(item)]
+    if not any(isinstance(x, list) for x in data):
+        return data
+    flat: list[Any] = []
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        item, axis = stack.pop()
+        if axis == len(shape):
+            if isinstance(item, list):
+                raise InvalidTensor(f"input {name!r}: its data nests deeper than its shape {shape}")
+            flat.append(item)
+        elif not isinstance(item, list) or len(item) != shape[axis]:
+            got = f"{len(item)} elements" if isinstance(item, list) else json.dumps(item)[:40]
+            raise InvalidTensor(
+                f"input {name!r}: ragged data: axis {axis} of shape {shape} holds {shape[axis]} elements, "
+                f"got {got} (send the data flat, or nested exactly as the shape)"
+            )
+        else:
+            stack.extend((x, axis + 1) for x in reversed(item))
+    return flat
+
+
+def check_shapes(request: V2InferRequest, max_rows: int, max_row_elements: int) -> None:
+    """From the tensors' shapes alone, before any data is decoded: zero-sized axes, and more rows
+    or elements than any request may hold (a cheap refusal however large the data)."""
+    for tensor in request.inputs:
+        if not tensor.shape or any(d == 0 for d in tensor.shape):
+            raise InvalidTensor(
+                f"input {tensor.name!r} has shape {tensor.shape}: every axis must be at least 1"
+            )
+        if tensor.shape[0] > max_rows:
+            raise TooManyInputs(
+                f"input {tensor.name!r} has {tensor.shape[0]} rows; the limit is {max_rows} "
+                "(MAX_BATCH_ITEMS)",
+                "inputs",
+            )
+        if math.prod(tensor.shape[1:]) > max_row_elements:
+            raise InvalidTensor(
+                f"input {tensor.name!r} has shape {tensor.shape}: more than {max_row_elements} elements a row"
+            )
 
 
 def check_tensor_parameters(parameters: dict[str, Any] | None, where: str) -> None:
@@ -95,7 +134,7 @@ def decode(spec: TaskSpec, request: V2InferRequest, max_rows: int) -> Decoded:
                 f"shape mismatch: input {tensor.name!r} must have shape {list(want.shape)} (the first axis "
                 f"is the batch), got {tensor.shape}"
             )
-        flat = flatten(tensor.data)
+        flat = flatten(tensor.data, tensor.shape, tensor.name)
         if len(flat) != math.prod(tensor.shape):
             raise InvalidTensor(
                 f"shape mismatch: input {tensor.name!r} has shape {tensor.shape}, which holds "

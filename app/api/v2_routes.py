@@ -7,14 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.types import Message
 
 from app.api import v2, v2_binary
 from app.api.error_table import NOT_READY, V2_RESPONSES
-from app.api.routes import not_serving, readiness, require_api_key, run_leased, state_of
+from app.api.routes import not_serving, readiness, run_leased, state_of
 from app.api.scheduling import schedule_for
 from app.api.serving.task_service import Timings
 from app.api.v2_schemas import (
@@ -67,7 +67,7 @@ class JSONBodyRoute(APIRoute):
 
 
 router = APIRouter(prefix="/v2", tags=["KServe V2 / Open Inference Protocol"], route_class=JSONBodyRoute)
-model_routes = {"dependencies": [Depends(require_api_key)], "responses": V2_RESPONSES}
+model_routes = {"responses": V2_RESPONSES}  # behind the key: AuthMiddleware
 
 
 @router.get("", response_model=V2ServerMetadata, summary="Server metadata: name, version, extensions")
@@ -131,10 +131,12 @@ async def infer(
     state = state_of(request)
     model = state.registry.resolve(None, name)
     assert model.task is not None
+    v2.check_shapes(body, state.settings.max_batch_items, max(state.settings.max_choices, 1))
     v2_binary.attach_inputs(body, request.scope.get(v2_binary.SCOPE_KEY))
     decoded = v2.decode(TASKS[model.task], body, state.settings.max_batch_items)
     binary = v2_binary.binary_outputs(body, [t.name for t in decoded.outputs])
-    schedule = schedule_for(request.headers, decoded.timeout_ms, decoded.priority)
+    max_queue_ms = state.settings.max_queue_ms
+    schedule = schedule_for(request.headers, decoded.timeout_ms, decoded.priority, max_queue_ms)
 
     async def work(bundle: Bundle, timings: Timings) -> V2InferResponse:
         answers = await v2.infer_rows(bundle.service, decoded.rows, timings)

@@ -65,6 +65,19 @@ class DeadlineExceeded(BatcherError):
         self.timeout_ms, self.waited_s = timeout_ms, waited_s
 
 
+class QueueTimedOut(DeadlineExceeded):
+    """The server's own deadline (MAX_QUEUE_MS) passed while the request's work was queued: the
+    server could not start it in time, so it refuses it (retry later) rather than answer late."""
+
+    def __init__(self, timeout_ms: float | None, waited_s: float):
+        BatcherError.__init__(
+            self,
+            f"the server could not start this request's work within {timeout_ms:g} ms (MAX_QUEUE_MS; "
+            f"it waited {waited_s * 1000:.0f} ms): it was dropped uncomputed",
+        )
+        self.timeout_ms, self.waited_s = timeout_ms, waited_s
+
+
 class BatchFailed(BatcherError, RuntimeError):
     """The model raised on a batch. Each of its items gets its own instance (the model's error as
     the cause): one exception object re-raised by many requests would pile up their tracebacks."""
@@ -115,11 +128,25 @@ class Schedule:
         """What is left of the deadline, in milliseconds (a clock every process reads alike)."""
         return None if self.deadline is None else (self.deadline - time.perf_counter()) * 1000.0
 
+    server: bool = False  # the deadline is the server's (MAX_QUEUE_MS), not the client's timeout_ms
+    taken: int = 0  # its items batched so far: requests take turns at anchoring batches (fairness)
+
     @classmethod
-    def within(cls, timeout_ms: float | None, priority: Priority = Priority.NORMAL) -> Schedule:
+    def within(
+        cls, timeout_ms: float | None, priority: Priority = Priority.NORMAL, server: bool = False
+    ) -> Schedule:
         now = time.perf_counter()
         deadline = None if timeout_ms is None else now + timeout_ms / 1000.0
-        return cls(priority=priority, deadline=deadline, timeout_ms=timeout_ms, started=now)
+        return cls(priority=priority, deadline=deadline, timeout_ms=timeout_ms, started=now, server=server)
+
+    def due(self, now: float) -> bool:
+        """Its deadline has passed: the client's at any time, the server's (a bound on the wait
+        before a request starts) only while none of its items has been batched."""
+        return self.deadline is not None and self.deadline <= now and not (self.server and self.taken)
+
+    def expired_error(self, now: float) -> DeadlineExceeded:
+        kind = QueueTimedOut if self.server else DeadlineExceeded
+        return kind(self.timeout_ms, now - self.started)
 
 
 @dataclass

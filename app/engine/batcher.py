@@ -183,7 +183,7 @@ class Batcher:
         if schedule is not None and schedule.deadline is not None:
             if schedule.deadline <= now:
                 self._count_expired(schedule)
-                raise DeadlineExceeded(schedule.timeout_ms, now - schedule.started)
+                raise schedule.expired_error(now)
             # Answer at the deadline itself, not when the worker next looks at the queue.
             loop.call_later(schedule.deadline - now, self._at_deadline, schedule)
         futures = []
@@ -226,7 +226,7 @@ class Batcher:
     def _expire_due(self) -> None:
         """Drop every queued item whose deadline has passed: it is answered now and never computed."""
         now = self.clock()
-        due = [it for it in self._queue if it.schedule.deadline is not None and it.schedule.deadline <= now]
+        due = [it for it in self._queue if it.schedule.due(now)]
         if not due:
             return
         dropped = {id(it) for it in due}
@@ -234,15 +234,16 @@ class Batcher:
         for item in due:
             self._count_expired(item.schedule)
             if item.future is not None and not item.future.done():
-                item.future.set_exception(
-                    DeadlineExceeded(item.schedule.timeout_ms, now - item.schedule.started)
-                )
+                item.future.set_exception(item.schedule.expired_error(now))
         self.observer.on_queue_depth(len(self._queue))
 
-    def _rank(self, item: WorkItem, now: float) -> tuple[int, float]:
-        """Anchor order: high priority, or normal but older than aging_s, first; then the oldest."""
+    def _rank(self, item: WorkItem, now: float) -> tuple[int, int, float]:
+        """Anchor order: high priority, or normal but older than aging_s, first; then the request
+        with the fewest items batched so far (a small request is not starved behind the hundreds
+        of windows of a huge one: requests take turns); then the oldest."""
         aged = now - item.enqueued_at >= self.aging_s
-        return (0 if item.schedule.priority is Priority.HIGH or aged else 1, item.enqueued_at)
+        first = item.schedule.priority is Priority.HIGH or aged
+        return (0 if first else 1, item.schedule.taken, item.enqueued_at)
 
     def plan(self, share: int = 1) -> tuple[list[WorkItem], bool]:
         """The next batch (not yet taken from the queue) and whether a limit was reached.
@@ -318,6 +319,8 @@ class Batcher:
                     if self.compute is not None:
                         self.compute.release()
                     continue
+                for item in selected:
+                    item.schedule.taken += 1
                 taken = {id(it) for it in selected}
                 self._queue = [it for it in self._queue if id(it) not in taken]
                 self.observer.on_queue_depth(len(self._queue))

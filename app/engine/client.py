@@ -33,7 +33,9 @@ class Engine:
     def _open(self, request: EngineRequest) -> Schedule:
         schedule, refs = self._schedules.get(request.request_id, (None, 0))
         if schedule is None:
-            schedule = Schedule.within(request.deadline_ms, Priority(request.priority))
+            schedule = Schedule.within(
+                request.deadline_ms, Priority(request.priority), server=request.server_deadline
+            )
             schedule.request_id = request.request_id
             if request.timeout_ms is not None and request.deadline_ms is not None:
                 # The client's budget began before the engine heard of it (for the error's message).

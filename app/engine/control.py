@@ -147,7 +147,7 @@ class ModelControl:
                 kind = MemoryLimitExceeded if isinstance(e, MemoryLimitExceeded) else VersionRejected
                 raise kind(message, serving=None) from e
         old, model.current = model.current, bundle  # the swap: new requests lease the new version
-        model.task, model.status, model.error = bundle.task, "ready", None
+        model.task, model.status, model.error, model.required = bundle.task, "ready", None, True
         model.reranker = bundle.manifest.reranker
         model.event(bundle, "serving")
         self.metrics.model_ready.labels(task=bundle.task, model=model.name).set(1)
@@ -242,6 +242,8 @@ class ModelControl:
             model.status, model.error = "unloading", None
             waited = await self._retire(model, bundle) if bundle is not None else 0.0
             model.status, model.error = "unloaded", "unloaded by the admin API or removed from MODELS_DIR"
+            model.required = False
+            model.required = False
             if model.task is not None:
                 self.metrics.forget_model(model.task, model.name)
         log.info("model unloaded", extra={"model": name, "waited_s": round(waited, 3)})

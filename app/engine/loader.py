@@ -9,26 +9,35 @@ other models meanwhile can still move RSS a little, so the figure is approximate
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer
+from tokenizers.implementations import BertWordPieceTokenizer
 
 from app.engine.protocol import Item
 from app.engine.reduce import Work, batch_functions
 from app.engine.repository import VersionDir, manifest_digest
-from app.engine.runtime import RuntimePool, SessionTuning, choose_variant, create_runtime
+from app.engine.runtime import RuntimeConfigError, RuntimePool, SessionTuning, choose_variant, create_runtime
 from app.engine.simulated import SimulatedRuntime
 from app.engine.table import Bundle
 from app.errors import MemoryLimitExceeded
 from export.bundle import (
     MANIFEST_NAME,
     BundleError,
+    FileInfo,
+    VariantInfo,
     batch_invariant,
     load_bundle_manifest,
-    verify_bundle_files,
 )
 from export.invariance import batch_invariance
 from processing.tasks import TASKS
@@ -92,27 +101,37 @@ def build(
             f"and MAX_MODELS_MEMORY_MB leaves {room / MB:.1f} MB",
             serving=None,
         )
-    # Hashes first: a tampered or truncated file must never reach onnxruntime.
-    verify_bundle_files(source.path, manifest, bundle.variant)
-    bundle.tokenizer = TextTokenizer.from_dir(source.path)
+    # Hashes first, on the very bytes then used: a tampered, truncated or unlisted file never
+    # reaches onnxruntime or the tokenizer (read_verified).
+    variant = manifest.variants[bundle.variant]
+    model_bytes = read_verified(source.path, variant.file, variant)
+    tokenizer_files = {
+        name: read_verified(source.path, name, info) for name, info in manifest.tokenizer_files.items()
+    }
+    bundle.tokenizer = tokenizer_from_verified(tokenizer_files, manifest.do_lower_case)
     bundle.threads = plan.threads
     path = manifest.variant_path(source.path, bundle.variant)
-    disabled = manifest.variants[bundle.variant].disabled_optimizers
-    solo = None
     if plan.device == "simulated":
         bundle.runtime = RuntimePool([SimulatedRuntime(manifest, plan.simulated_batch_ms, max_batch_size)])
-    elif plan.solo_threads:
-        # Spins while it runs (a lone request gets the whole machine's latency), never after.
-        tuning = replace(plan.tuning, spinning=True, stop_spinning_after_run=True)
-        solo = create_runtime(path, plan.device, plan.solo_threads, tuning, disabled_optimizers=disabled)
-    if bundle.runtime is None:
-        bundle.runtime = RuntimePool(
-            [
-                create_runtime(path, plan.device, plan.threads, plan.tuning, disabled_optimizers=disabled)
-                for _ in range(plan.instances)
-            ],
-            solo,
-        )
+    else:
+        with tempfile.TemporaryDirectory(prefix="no-external-data-") as empty:
+            opened = functools.partial(
+                open_session,
+                path,
+                plan.device,
+                disabled=variant.disabled_optimizers,
+                data=model_bytes,
+                empty=empty,
+            )
+            solo = None
+            if plan.solo_threads:
+                # Spins while it runs (a lone request gets the whole machine's latency), never after.
+                solo = opened(
+                    plan.solo_threads, replace(plan.tuning, spinning=True, stop_spinning_after_run=True)
+                )
+            sessions = [opened(plan.threads, plan.tuning) for _ in range(plan.instances)]
+            bundle.runtime = RuntimePool(sessions, solo)
+    del model_bytes, tokenizer_files
     warm_up(bundle, max_batch_size)
     after = resident_bytes()
     if before is not None and after is not None:
@@ -125,6 +144,75 @@ def build(
             )
     bundle.load_seconds = round(time.perf_counter() - started, 3)
     return bundle
+
+
+def read_verified(bundle_dir: Path, name: str, expected: FileInfo | VariantInfo) -> bytes:
+    """A file the manifest lists, read once and checked against its size and sha256."""
+    path = bundle_dir / name
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise BundleError(f"{name} is missing or unreadable (listed in {MANIFEST_NAME})") from e
+    if len(data) != expected.bytes:
+        raise BundleError(
+            f"{name} is {len(data)} bytes but {MANIFEST_NAME} says {expected.bytes}: truncated or replaced"
+        )
+    if hashlib.sha256(data).hexdigest() != expected.sha256:
+        raise BundleError(f"{name} does not match its sha256 in {MANIFEST_NAME}: modified or corrupted")
+    return data
+
+
+def tokenizer_from_verified(files: dict[str, bytes], do_lower_case: bool) -> TextTokenizer:
+    """The tokenizer from the listed, verified files only (never another file of the directory):
+    tokenizer.json if listed, else vocab.txt; casing from a listed tokenizer_config.json, else the
+    manifest's do_lower_case."""
+    lower = do_lower_case
+    try:
+        if "tokenizer_config.json" in files:
+            config = json.loads(files["tokenizer_config.json"])
+            lower = bool(config.get("do_lower_case", True)) if isinstance(config, dict) else lower
+        if "tokenizer.json" in files:
+            return TextTokenizer(Tokenizer.from_str(files["tokenizer.json"].decode("utf-8")), lower)
+        if "vocab.txt" in files:
+            tokens = files["vocab.txt"].decode("utf-8").splitlines()
+            vocab = {token: i for i, token in enumerate(tokens)}
+            return TextTokenizer(BertWordPieceTokenizer(vocab, lowercase=lower)._tokenizer, lower)
+    except Exception as e:  # tokenizers raises plain Exceptions; a bad file is the bundle's fault
+        raise BundleError(f"the tokenizer files listed in {MANIFEST_NAME} do not load: {str(e)[:200]}") from e
+    raise BundleError(f"{MANIFEST_NAME} lists neither tokenizer.json nor vocab.txt")
+
+
+def open_session(
+    path: Path,
+    device: str,
+    threads: int,
+    tuning: SessionTuning,
+    *,
+    disabled: list[str],
+    data: bytes,
+    empty: str,
+) -> Any:
+    """One session from the verified bytes; external data is looked for only in the empty `empty`."""
+    try:
+        return create_runtime(
+            path,
+            device,
+            threads,
+            tuning,
+            disabled_optimizers=disabled,
+            model_bytes=data,
+            external_data_dir=empty,
+        )
+    except RuntimeConfigError:
+        raise
+    except Exception as e:  # onnxruntime's own errors: the message, without this machine's paths
+        text = str(e).replace(empty, "<none>").replace(str(path.parent), "<bundle>")
+        if "external data" in text.lower():
+            raise BundleError(
+                f"{path.name} keeps weights in external data files, which are not listed with their sha256 "
+                "in the manifest and are never read: export the model as one file"
+            ) from e
+        raise BundleError(f"onnxruntime cannot load {path.name}: {text[:300]}") from e
 
 
 def warm_up(bundle: Bundle, max_batch_size: int) -> None:

@@ -60,7 +60,14 @@ def table_of(registry: Registry, serial: int) -> wire.Table:
             )
         rows.append(
             wire.ModelRow(
-                model.name, model.task, model.status, model.error, model.reranker, list(model.history), facts
+                model.name,
+                model.task,
+                model.status,
+                model.error,
+                model.reranker,
+                list(model.history),
+                facts,
+                model.required,
             )
         )
     return wire.Table(serial, rows, dict(registry.default_names), registry.device, registry.load_finished)

@@ -65,6 +65,7 @@ class EngineRequest:
     items: list[Item]
     deadline_ms: float | None = None  # what is left of the request's deadline when sent; None: none
     timeout_ms: float | None = None  # what the client asked for (for the error message)
+    server_deadline: bool = False  # the deadline is MAX_QUEUE_MS's (a bound on queueing), not the client's
     priority: int = 1  # 0 high, 1 normal (app.engine.batch_types.Priority)
     grouped: bool = False  # items are choice groups: [items, choices, sequence], equal choices per batch
     reduce: str | None = None  # one of REDUCTIONS: each row's pooled vector replaces its hidden states

@@ -72,13 +72,13 @@ class Registry(ModelTable):
         if not self.models_dir.is_dir():
             raise ConfigError(f"MODELS_DIR {self.models_dir} is not a directory")
         for name, versions in scan(self.models_dir).items():
-            model = self.models[name] = Model(name)
+            model = self.models[name] = Model(name, required=True)
             for version in versions:  # the task of the newest readable manifest
                 try:
                     manifest = load_bundle_manifest(version.path)
                     model.task, model.reranker = manifest.task, manifest.reranker
                     break
-                except BundleError as e:
+                except Exception as e:  # noqa: BLE001 - any malformed manifest fails its model only
                     model.status, model.error = "failed", f"unreadable manifest: {e}"
             if model.task is not None:
                 model.status, model.error = "pending", None

@@ -315,17 +315,27 @@ def create_runtime(
     tuning: SessionTuning = SessionTuning(),
     session_factory: Callable[..., Any] | None = None,
     disabled_optimizers: Sequence[str] = (),
+    model_bytes: bytes | None = None,
+    external_data_dir: str | None = None,
 ) -> OrtRuntime:
     """One InferenceSession on `device` ('cpu' | 'cuda', already resolved); verifies the provider.
-    `disabled_optimizers` comes from the bundle's variant entry (see export/pipeline.py)."""
+    `disabled_optimizers` comes from the bundle's variant entry (see export/pipeline.py).
+
+    With `model_bytes` (the file's verified contents) the session is made from them, not from the
+    file, and ONNX Runtime looks for external data only in `external_data_dir` (the loader passes
+    an empty one: no file the manifest does not list and hash is ever read)."""
     if session_factory is None:
         import onnxruntime as ort
 
         session_factory = ort.InferenceSession
     extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
+    options = session_options(threads, tuning)
+    if external_data_dir is not None:
+        folder = "session.model_external_initializers_file_folder_path"
+        options.add_session_config_entry(folder, external_data_dir)
     session = session_factory(
-        str(model_path),
-        sess_options=session_options(threads, tuning),
+        model_bytes if model_bytes is not None else str(model_path),
+        sess_options=options,
         providers=providers_for(device),
         **extra,
     )

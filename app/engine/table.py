@@ -87,6 +87,8 @@ class Model:
     reranker: bool = False  # its manifest's role, known from discovery on (see Registry.default_name)
     history: list[VersionEvent] = field(default_factory=list)
     seen: tuple = ()  # the repository fingerprint of the last load attempt (for the poller)
+    # Readiness waits for it: found at start-up, or it has served since (not unloaded since).
+    required: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     def event(self, version: VersionDir | Bundle, status: str, error: str | None = None) -> None:
@@ -229,11 +231,16 @@ class ModelTable:
                 bundle.idle.set()
 
     def readiness(self) -> tuple[bool, str, dict[str, str], dict[str, str]]:
+        """Ready when every required model serves: those found at start-up (so a replica whose
+        bundle fails never takes traffic, and the old replicas keep serving), and any model that has
+        served since. A model added later (admin load, MODEL_POLL_S) that fails is named, and
+        readiness stays as it was."""
         models = [m for m in self.models.values() if m.status != "unloaded"]
         statuses = {m.name: m.status for m in models}
         errors = {m.name: m.error for m in models if m.status == "failed" and m.error}
-        if any(m.status == "failed" for m in models):
+        required = [m for m in models if m.required]
+        if any(m.status == "failed" and m.current is None for m in required):
             return False, "failed", statuses, errors
-        if not self.load_finished or any(m.current is None for m in models):
+        if not self.load_finished or any(m.current is None for m in required):
             return False, "loading", statuses, errors
         return True, "ready", statuses, errors

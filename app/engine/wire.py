@@ -121,6 +121,7 @@ class ModelRow:
     reranker: bool
     history: list[VersionEvent]
     current: VersionFacts | None
+    required: bool = False  # readiness waits for it (app/engine/table.py)
 
 
 @dataclass(frozen=True)

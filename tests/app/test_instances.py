@@ -9,6 +9,9 @@ import time
 import numpy as np
 import pytest
 
+from app.api.serving.task_service import INLINE_CHARS, cpu_step
+from app.engine.batch_types import WorkItem
+from app.engine.batcher import Batcher, ComputeSlots
 from app.engine.runtime import (
     OrtRuntime,
     RuntimePool,
@@ -16,9 +19,6 @@ from app.engine.runtime import (
     resolve_instances,
     resolve_padding_factor,
 )
-from app.engine.batch_types import WorkItem
-from app.engine.batcher import Batcher, ComputeSlots
-from app.api.serving.task_service import INLINE_CHARS, cpu_step
 from app.settings import available_cores
 from tests.app.conftest import bundle_of, serving
 from tests.app.test_batching import assert_same, mixed_requests

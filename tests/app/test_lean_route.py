@@ -38,7 +38,8 @@ async def key(request: Request) -> None:
 
 
 def twin(route_class: type[fastapi.routing.APIRoute]) -> FastAPI:
-    router = APIRouter(route_class=route_class)
+    # Router-level dependencies are merged into each route (public FastAPI); LeanRoute runs them.
+    router = APIRouter(route_class=route_class, dependencies=[Depends(key)])
 
     @router.post("/echo", response_model=Out, response_model_exclude_none=True)
     async def echo(body: Body, request: Request, response: Response) -> object:
@@ -52,7 +53,7 @@ def twin(route_class: type[fastapi.routing.APIRoute]) -> FastAPI:
         return {"text": body.text, "n": body.n, "note": None}
 
     app = FastAPI()
-    app.include_router(router, dependencies=[Depends(key)])
+    app.include_router(router)
     return app
 
 
@@ -162,3 +163,21 @@ async def test_task_routes_take_the_short_path(models_dir, solved):
         invalid = await client.post("/classify", json={"txt": "a fine day"}, headers=auth)
         assert invalid.status_code == 422 and "txt" in invalid.text
         assert solved, "the 422 is FastAPI's"
+
+
+def test_app_imports_no_private_fastapi_or_starlette_name():
+    """Issue 42: a FastAPI release may move its private names at any time; the app uses public ones."""
+    import ast
+    from pathlib import Path
+
+    import app
+
+    offenders = []
+    for path in Path(app.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            package = (getattr(node, "module", None) or "").split(".")[0]
+            if isinstance(node, ast.ImportFrom) and package in ("fastapi", "starlette"):
+                names = [*node.module.split("."), *(a.name for a in node.names)]
+                if any(n.startswith("_") for n in names):
+                    offenders.append(f"{path.name}:{node.lineno}")
+    assert not offenders, offenders

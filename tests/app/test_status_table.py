@@ -11,7 +11,7 @@ from app.api import error_table as errors
 
 TABLE = Path(errors.__file__).resolve()
 APP = TABLE.parent.parent
-STATUSES = {400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 499, 500, 502, 503, 504}
+STATUSES = {400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 429, 431, 499, 500, 502, 503, 504}
 
 
 def test_no_other_app_module_writes_an_error_status() -> None:

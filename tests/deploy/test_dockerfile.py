@@ -63,11 +63,11 @@ def test_serving_stages_have_no_torch(stages, target):
     # A serving stage must not build on the builder (it would inherit torch) ...
     assert stage["base"] not in stages, f"{target} is based on stage {stage['base']}"
     assert "torch" not in " ".join(instructions(stage, "RUN")).lower()
-    # ... and takes only the wheel, the requirement lists and the bundles from the builders.
+    # ... and takes only the wheel and the bundles from the builders.
     for args in instructions(stage, "COPY"):
         if "--from=" in args:
             source = args.split()[1]
-            assert source in ("/wheels", "/models", "/models-gpu") or source.startswith("/reqs/"), args
+            assert source in ("/wheels", "/models", "/models-gpu"), args
 
 
 @pytest.mark.parametrize(("target", "group"), [("cpu", "serve"), ("gpu", "serve-gpu")])
@@ -82,7 +82,7 @@ def test_serving_install_groups_exclude_torch(stages, target, group):
     # /docs and /redoc serve Swagger UI and ReDoc from this package's files: the image needs it.
     assert "fastapi-offline" in names
     copies = " ".join(instructions(stages[target], "COPY"))
-    assert f"/reqs/{group}.txt" in copies
+    assert f"requirements/{group}.txt" in copies  # its lock (tests/deploy/test_lock.py)
 
 
 def test_gpu_target_uses_a_cuda_cudnn_runtime(stages):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import psutil
 
+from app.api.connections import UVICORN_ARGS
 from benchmarks.bench_common import free_port  # the one free_port; re-exported for the tests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +68,9 @@ class LiveServer:
         return self.process.returncode
 
 
-def start_server(models_dir: Path, log_dir: Path, **env: str) -> LiveServer:
-    """Start uvicorn on a free port with MODELS_DIR and extra settings (env names, e.g. MAX_QUEUE="8")."""
+def start_server(models_dir: Path, log_dir: Path, nofile: int | None = None, **env: str) -> LiveServer:
+    """Start uvicorn on a free port with MODELS_DIR and extra settings (env names, e.g. MAX_QUEUE="8");
+    `nofile`: the process's open-file limit (`ulimit -n`)."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{port}.log"
@@ -81,10 +84,12 @@ def start_server(models_dir: Path, log_dir: Path, **env: str) -> LiveServer:
     }
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+            + list(UVICORN_ARGS),
             cwd=ROOT,
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=None if nofile is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)),
         )
     return LiveServer(process, port, log_path)

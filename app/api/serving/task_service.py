@@ -151,6 +151,7 @@ class TaskService:
             items=items,
             deadline_ms=schedule.remaining_ms(),
             timeout_ms=schedule.timeout_ms,
+            server_deadline=schedule.server,
             priority=int(schedule.priority),
             grouped=grouped,
             reduce=reduce,

@@ -1,0 +1,193 @@
+"""Hostile connections against a live server, on real sockets (issue 42, findings 1-4 and the
+`server` header of 12): idle and slow connections are timed out, headers and bodies bounded, the
+open connections capped without locking out probes, and the key checked before the body."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.reliability.conftest import API_KEY, AUTH
+from tests.reliability.live import LiveServer, start_server
+
+HEADER_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 1.5
+MAX_HEADER_BYTES = 8192
+PENDING_MB = 2
+NOFILE = 256  # `ulimit -n`: the connection cap defaults to 128 below it
+
+
+@pytest.fixture(scope="module")
+def guarded(models_dir, tmp_path_factory) -> Iterator[LiveServer]:
+    server = start_server(
+        models_dir,
+        tmp_path_factory.mktemp("connections"),
+        nofile=NOFILE,
+        API_KEY=API_KEY,
+        HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S),
+        BODY_TIMEOUT_S=str(BODY_TIMEOUT_S),
+        MAX_HEADER_BYTES=str(MAX_HEADER_BYTES),
+        MAX_PENDING_BODY_MB=str(PENDING_MB),
+    )
+    try:
+        assert server.wait_ready().status_code == 200, server.log_text()
+        yield server
+    finally:
+        server.stop()
+
+
+def connect(server: LiveServer, timeout_s: float = 10.0) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=timeout_s)
+    return sock
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (or the socket's timeout)."""
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return b"".join(chunks)
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+def timed(sock: socket.socket) -> tuple[int, float]:
+    started = time.monotonic()
+    return status_of(read_answer(sock)), time.monotonic() - started
+
+
+def test_a_connection_that_sends_nothing_is_timed_out(guarded):
+    status, waited = timed(connect(guarded))
+    assert status == 408 and waited < HEADER_TIMEOUT_S + 2
+
+
+def test_a_partial_request_line_is_timed_out(guarded):
+    sock = connect(guarded)
+    sock.sendall(b"GET /hea")
+    status, waited = timed(sock)
+    assert status == 408 and waited < HEADER_TIMEOUT_S + 2
+
+
+def test_slowloris_headers_are_timed_out(guarded):
+    sock = connect(guarded)
+    started = time.monotonic()
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 100
+    sent = 0
+    try:
+        for byte in request:  # one byte every 50 ms: each arrives long before any idle timeout
+            sock.sendall(bytes([byte]))
+            sent += 1
+            time.sleep(0.05)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    status = status_of(read_answer(sock))
+    assert status == 408 and time.monotonic() - started < HEADER_TIMEOUT_S + 2 and sent < len(request)
+
+
+def test_headers_beyond_the_limit_get_431_and_are_never_buffered(guarded):
+    before = guarded.rss_mb()
+    for _ in range(4):  # as the issue's four connections of endless header lines
+        sock = connect(guarded)
+        sent = 0
+        try:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            while sent < 64 << 20:
+                sock.sendall(b"X-Filler: " + b"a" * 1000 + b"\r\n")
+                sent += 1012
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = read_answer(sock)
+        assert sent < 16 << 20, "the server kept reading headers"
+        assert status_of(answer) in (431, 0)  # 0: the reset overtook the answer
+    sock = connect(guarded)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (MAX_HEADER_BYTES + 10) + b"\r\n\r\n")
+    assert status_of(read_answer(sock)) == 431
+    assert guarded.rss_mb() - before < 50
+
+
+def post_head(path: str, length: int, *, key: bool = True) -> bytes:
+    auth = f"Authorization: Bearer {API_KEY}\r\n" if key else ""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def test_a_stalled_body_gets_408(guarded):
+    sock = connect(guarded)
+    sock.sendall(post_head("/classify", 100_000) + b'{"text": "' + b"a" * 1000)
+    status, waited = timed(sock)
+    assert status == 408 and waited < BODY_TIMEOUT_S + 2
+
+
+def test_bodies_still_arriving_hold_bounded_memory(guarded):
+    """Bodies of 1 MiB each, sent all but the last bytes, then stalled: past MAX_PENDING_BODY_MB
+    the next one is refused with 503 at once, and memory comes back when they time out."""
+    before = guarded.rss_mb()
+    socks, statuses = [], []
+    for _ in range(PENDING_MB + 3):
+        sock = connect(guarded, timeout_s=0.5)
+        sock.sendall(post_head("/classify", 1 << 20))
+        try:
+            sock.sendall(b"a" * ((1 << 20) - 10))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        socks.append(sock)
+    for sock in socks:
+        answer = read_answer(sock)
+        statuses.append(status_of(answer))
+    assert 503 in statuses, statuses
+    assert set(statuses) <= {503, 408, 0}, statuses
+    assert httpx.post(f"{guarded.url}/classify", json={"text": "good"}, headers=AUTH).status_code == 200
+    assert guarded.rss_mb() - before < 50
+
+
+def test_past_the_connection_cap_probes_still_get_in(guarded):
+    """More idle connections than the file limit allows: each new one closes the oldest idle one,
+    so /health and a keyed client still get answers (before: connection reset for everyone)."""
+    idle = []
+    for _ in range(NOFILE + 20):
+        try:
+            idle.append(connect(guarded, timeout_s=2))
+        except OSError:
+            break
+    try:
+        health = httpx.get(f"{guarded.url}/health", timeout=5)
+        assert health.status_code == 200
+        keyed = httpx.post(f"{guarded.url}/classify", json={"text": "good"}, headers=AUTH, timeout=10)
+        assert keyed.status_code == 200
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/classify", "/ner", "/qa", "/embed", "/v1/embeddings", "/tokenize", "/v2/models/tiny-classify/infer"],
+)
+def test_the_key_is_checked_before_any_body_byte(guarded, path):
+    sock = connect(guarded, timeout_s=5)
+    sock.sendall(post_head(path, 900_000, key=False))  # the body never comes
+    status, waited = timed(sock)
+    assert status == 401 and waited < 1
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"\xff\xfe", b'{"text": ' + b"[" * 10_000])
+def test_401_whatever_the_body(guarded, body):
+    r = httpx.post(f"{guarded.url}/classify", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    r = httpx.get(f"{guarded.url}/models")
+    assert r.status_code == 401
+
+
+def test_no_server_header(guarded):
+    assert "server" not in httpx.get(f"{guarded.url}/health").headers

@@ -150,13 +150,16 @@ def export_bundle(
         raise ExportError(str(e)) from e
     if encoder is None and (pooling is not None or normalize is not None):
         raise ExportError(f"pooling / normalize apply to sentence encoders (embed), not to a {task} head")
-    max_seq_len = (
-        max_seq_len or (encoder.max_seq_length if encoder else None) or config.max_position_embeddings
-    )
-    if not 2 <= max_seq_len <= config.max_position_embeddings:
+    max_seq_len = max_seq_len or (encoder.max_seq_length if encoder else None) or config.max_tokens
+    if not 2 <= max_seq_len <= config.max_tokens:
         raise ExportError(
-            f"max_seq_len {max_seq_len} must be in "
-            f"[2, max_position_embeddings={config.max_position_embeddings}]"
+            f"max_seq_len {max_seq_len} must be in [2, {config.max_tokens}]: max_position_embeddings "
+            f"{config.max_position_embeddings}"
+            + (
+                f", less the {config.max_position_embeddings - config.max_tokens} positions RoBERTa skips"
+                if config.max_tokens < config.max_position_embeddings
+                else ""
+            )
         )
     labels, problem_type = labels_and_problem(config, task)
     qa = qa_defaults_for(qa_defaults, max_seq_len) if task == "qa" else None
@@ -185,7 +188,7 @@ def export_bundle(
             problem_type=problem_type,
             max_seq_len=max_seq_len,
             do_lower_case=do_lower_case(checkpoint_dir),
-            inputs=task_io(task, config.num_labels, config.hidden_size)[0],
+            inputs=graph_inputs(task, config, run.paths["fp32"]),
             outputs=task_io(task, config.num_labels, config.hidden_size)[1],
             variants={
                 v: VariantInfo(
@@ -244,7 +247,9 @@ class _Run:
     def fp32(self, model, opset: int, max_seq_len: int) -> None:
         self.log(f"exporting {self.task} head to ONNX (opset {opset}, TorchScript exporter)")
         export_onnx(model, self.config, self.paths["fp32"], opset)
-        self.cases = verification_cases(self.task, self.config.vocab_size, max_seq_len)
+        self.cases = verification_cases(
+            self.task, self.config.vocab_size, max_seq_len, pad_id=self.config.pad_token_id
+        )
         wrapper = OnnxHead(model, self.task).eval()
         names = [o["name"] for o in task_io(self.task)[1]]
         self.references = [run_torch(wrapper, names, case.feeds) for case in self.cases]
@@ -310,7 +315,9 @@ class _Run:
             source, batches = "caller eval_batches", eval_batches
         else:
             source = "random tokens (no eval_batches given)"
-            batches = random_eval_batches(self.task, self.config.vocab_size, max_seq_len)
+            batches = random_eval_batches(
+                self.task, self.config.vocab_size, max_seq_len, pad_id=self.config.pad_token_id
+            )
         if variant == "int8":
             report = quantize.quantize_int8(graph, self.paths[variant])
         else:
@@ -380,6 +387,15 @@ class _Run:
             if v not in self.wanted:
                 self.paths[v].unlink(missing_ok=True)
                 self.verification.pop(v, None)
+
+
+def graph_inputs(task: str, config, graph: Path) -> list[dict]:
+    """The task's input specs that the graph reads: a model with one token type (RoBERTa) or none
+    (DistilBERT) takes no token_type_ids, and the service feeds a graph only what it takes."""
+    import onnx
+
+    names = {i.name for i in onnx.load(str(graph), load_external_data=False).graph.input}
+    return [spec for spec in task_io(task, config.num_labels, config.hidden_size)[0] if spec["name"] in names]
 
 
 def _hash(path: Path) -> tuple[str, int]:

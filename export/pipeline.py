@@ -28,6 +28,7 @@ from .bundle import (
     write_manifest,
 )
 from .checkpoint_fields import (
+    check_tokenizer,
     copy_tokenizer,
     do_lower_case,
     is_reranker,
@@ -162,7 +163,8 @@ def export_bundle(
             )
         )
     labels, problem_type = labels_and_problem(config, task)
-    qa = qa_defaults_for(qa_defaults, max_seq_len) if task == "qa" else None
+    tokenizer = check_tokenizer(checkpoint_dir, config)
+    qa = qa_defaults_for(qa_defaults, max_seq_len, tokenizer.n_special(pair=True)) if task == "qa" else None
     if eval_batches is not None:
         eval_batches = quantize.check_eval_batches(task, eval_batches, max_seq_len)
 

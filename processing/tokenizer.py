@@ -101,7 +101,7 @@ class Layout:
 
     @classmethod
     def read(cls, encoding) -> Layout:
-        """The layout a post-processed encoding of one or two one-token texts shows."""
+        """The layout an encoding of one or two texts, special tokens added, shows."""
         parts: list[Specials | int] = []
         types: dict[int, int] = {}
         rows = zip(encoding.ids, encoding.type_ids, encoding.sequence_ids, strict=True)
@@ -153,11 +153,8 @@ class TextTokenizer:
             return Layout((cls_, 0, Specials((sep,), (0,))), (0,)), Layout(
                 (cls_, 0, Specials((sep,), (0,)), 1, Specials((sep,), (1,))), (0, 1)
             )
-        a = tokenizer.encode("a", add_special_tokens=False)
-        b = tokenizer.encode("b", add_special_tokens=False)
-        a.truncate(1), b.truncate(1)
-        single = Layout.read(tokenizer.post_process(a, None, add_special_tokens=True))
-        pair = Layout.read(tokenizer.post_process(a, b, add_special_tokens=True))
+        single = Layout.read(tokenizer.encode("a", add_special_tokens=True))
+        pair = Layout.read(tokenizer.encode("a", "b", add_special_tokens=True))
         if not single.parts or not isinstance(single.parts[0], Specials) or single.n_special < 2:
             raise ValueError("the tokenizer's post_processor adds no special tokens around a text")
         return single, pair

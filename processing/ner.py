@@ -119,7 +119,8 @@ def aggregate_entities(
         return []
     if strategy in ("none", "simple"):
         probs = softmax(logits, axis=-1)
-        units = [(int(tokens.offsets[i, 0]), int(tokens.offsets[i, 1]), probs[i]) for i in range(len(tokens))]
+        # A lone word-start piece (Ġ, ▁) holds no character: it is no entity on its own.
+        units = [(int(s), int(e), probs[i]) for i, (s, e) in enumerate(tokens.offsets.tolist()) if s < e]
     else:
         per_word = word_predictions(tokens.word_ids, logits, strategy)
         units = []

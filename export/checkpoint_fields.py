@@ -131,6 +131,11 @@ def check_tokenizer(checkpoint_dir: Path, config) -> TextTokenizer:
         tokenizer = TextTokenizer.from_dir(checkpoint_dir)
     except (ValueError, OSError, Exception) as e:  # tokenizers raises its own Exception type
         raise ExportError(f"{checkpoint_dir}: the tokenizer does not load: {e}") from e
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ExportError(
+            f"{checkpoint_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding "
+            f"table {config.vocab_size}: ids past it cannot be embedded"
+        )
     if tokenizer.pad_id != config.pad_token_id and architecture(config.model_type).positions_skip_padding:
         raise ExportError(
             f"{checkpoint_dir}: the tokenizer pads with id {tokenizer.pad_id} but config.json has "

@@ -41,7 +41,7 @@ HEADS = {  # our task -> transformers' class suffix
 
 def hf_config(model_type: str, **extra):
     name, kwargs, pad = CONFIGS[model_type]
-    return getattr(transformers, name)(vocab_size=VOCAB, pad_token_id=pad, **kwargs, **extra)
+    return getattr(transformers, name)(**{"vocab_size": VOCAB, "pad_token_id": pad, **kwargs, **extra})
 
 
 def hf_model(model_type: str, task: str, seed: int = 0, **extra):

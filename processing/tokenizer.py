@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.implementations import BertWordPieceTokenizer
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -320,16 +320,16 @@ def trim_whitespace(offsets: np.ndarray, text: str) -> np.ndarray:
 
 
 def _with_prefix_space(tokenizer: Tokenizer) -> Tokenizer:
-    """`tokenizer`, or for a byte-level pre-tokenizer without add_prefix_space a copy with it."""
-    data = json.loads(tokenizer.to_str())
-    pre = data.get("pre_tokenizer") or {}
-    stages = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
-    byte_level = [s for s in stages if s.get("type") == "ByteLevel" and not s.get("add_prefix_space")]
-    if not byte_level:
+    """`tokenizer`, or for a byte-level pre-tokenizer without add_prefix_space a copy with it (read
+    off the object: serializing a 250k-piece vocabulary to look would cost a second per load)."""
+    pre = tokenizer.pre_tokenizer
+    if not isinstance(pre, pre_tokenizers.ByteLevel) or pre.add_prefix_space:
         return tokenizer
-    for stage in byte_level:
-        stage["add_prefix_space"] = True
-    return Tokenizer.from_str(json.dumps(data))
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.pre_tokenizer = pre_tokenizers.ByteLevel(
+        add_prefix_space=True, trim_offsets=pre.trim_offsets, use_regex=pre.use_regex
+    )
+    return copy
 
 
 def default_window_overlap(max_seq_len: int) -> int:

@@ -161,6 +161,15 @@ def export_onnx(model: nn.Module, config: BertConfig, path: Path, opset: int = D
     check_graph(path, task)
 
 
+def graph_inputs(task: str, config, graph: Path) -> list[dict]:
+    """The task's input specs that the graph reads: a model with one token type (RoBERTa) or none
+    (DistilBERT) takes no token_type_ids, and the service feeds a graph only what it takes."""
+    import onnx
+
+    names = {i.name for i in onnx.load(str(graph), load_external_data=False).graph.input}
+    return [spec for spec in task_io(task, config.num_labels, config.hidden_size)[0] if spec["name"] in names]
+
+
 def check_graph(path: Path, task: str) -> None:
     """onnx.checker plus: every dynamic axis must stay symbolic in the declared I/O."""
     import onnx

@@ -38,7 +38,7 @@ from .checkpoint_fields import (
     tool_versions,
 )
 from .invariance import batch_invariance
-from .onnx_export import DEFAULT_OPSET, ExportError, OnnxHead, export_onnx, load_head
+from .onnx_export import DEFAULT_OPSET, ExportError, OnnxHead, export_onnx, graph_inputs, load_head
 from .sentence_encoder import SentenceEncoderError, is_sentence_transformers, read_pooling
 from .verify import (
     FP32_TOLERANCE,
@@ -153,14 +153,11 @@ def export_bundle(
         raise ExportError(f"pooling / normalize apply to sentence encoders (embed), not to a {task} head")
     max_seq_len = max_seq_len or (encoder.max_seq_length if encoder else None) or config.max_tokens
     if not 2 <= max_seq_len <= config.max_tokens:
+        skipped = config.max_position_embeddings - config.max_tokens  # RoBERTa's padding positions
+        skips = f", less the {skipped} positions RoBERTa skips" if skipped else ""
         raise ExportError(
             f"max_seq_len {max_seq_len} must be in [2, {config.max_tokens}]: max_position_embeddings "
-            f"{config.max_position_embeddings}"
-            + (
-                f", less the {config.max_position_embeddings - config.max_tokens} positions RoBERTa skips"
-                if config.max_tokens < config.max_position_embeddings
-                else ""
-            )
+            f"{config.max_position_embeddings}{skips}"
         )
     labels, problem_type = labels_and_problem(config, task)
     tokenizer = check_tokenizer(checkpoint_dir, config)
@@ -190,7 +187,7 @@ def export_bundle(
             problem_type=problem_type,
             max_seq_len=max_seq_len,
             do_lower_case=do_lower_case(checkpoint_dir),
-            inputs=graph_inputs(task, config, run.paths["fp32"]),
+            inputs=run.inputs,
             outputs=task_io(task, config.num_labels, config.hidden_size)[1],
             variants={
                 v: VariantInfo(
@@ -249,6 +246,7 @@ class _Run:
     def fp32(self, model, opset: int, max_seq_len: int) -> None:
         self.log(f"exporting {self.task} head to ONNX (opset {opset}, TorchScript exporter)")
         export_onnx(model, self.config, self.paths["fp32"], opset)
+        self.inputs = graph_inputs(self.task, self.config, self.paths["fp32"])
         self.cases = verification_cases(
             self.task, self.config.vocab_size, max_seq_len, pad_id=self.config.pad_token_id
         )
@@ -389,15 +387,6 @@ class _Run:
             if v not in self.wanted:
                 self.paths[v].unlink(missing_ok=True)
                 self.verification.pop(v, None)
-
-
-def graph_inputs(task: str, config, graph: Path) -> list[dict]:
-    """The task's input specs that the graph reads: a model with one token type (RoBERTa) or none
-    (DistilBERT) takes no token_type_ids, and the service feeds a graph only what it takes."""
-    import onnx
-
-    names = {i.name for i in onnx.load(str(graph), load_external_data=False).graph.input}
-    return [spec for spec in task_io(task, config.num_labels, config.hidden_size)[0] if spec["name"] in names]
 
 
 def _hash(path: Path) -> tuple[str, int]:

@@ -210,6 +210,7 @@ def export_bundle(
             quantization=run.quantization,
             versions=tool_versions(),
             model={
+                "model_type": config.model_type,
                 "hidden_size": config.hidden_size,
                 "num_hidden_layers": config.num_hidden_layers,
                 "num_attention_heads": config.num_attention_heads,

@@ -78,6 +78,7 @@ def test_transformers_checkpoint_exports_every_variant_and_matches(tmp_path, mod
     )
     manifest = load_bundle_manifest(bundle)
     assert manifest.task == task and sorted(manifest.variants) == sorted(VARIANTS)
+    assert manifest.model["model_type"] == model_type
     assert manifest.verification["int8-rowwise"]["batch_invariance"]["invariant"]
     assert manifest.verification["fp16"]["passed"] in (True, None)
     for batch, seq in SHAPES:

@@ -155,8 +155,8 @@ class TextTokenizer:
             )
         single = Layout.read(tokenizer.encode("a", add_special_tokens=True))
         pair = Layout.read(tokenizer.encode("a", "b", add_special_tokens=True))
-        if not single.parts or not isinstance(single.parts[0], Specials) or single.n_special < 2:
-            raise ValueError("the tokenizer's post_processor adds no special tokens around a text")
+        if not all(isinstance(single.parts[i], Specials) for i in (0, -1)):
+            raise ValueError("the tokenizer's post_processor does not put special tokens around a text")
         return single, pair
 
     @classmethod

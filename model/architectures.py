@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 
 from processing.tasks import TASKS
 
+# Not a served task: the masked-LM head, for sparse (SPLADE) vectors; architectures without one here
+# (ELECTRA's generator is another model) name none.
+MASKED_LM = "masked-lm"
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -38,15 +42,20 @@ class Architecture:
     tokenizer: str = "WordPiece"  # what its tokenizer.json usually holds (docs only)
 
 
+# RoBERTa, XLM-R and CamemBERT: their own classification and masked-LM heads, BERT's others.
+ROBERTA_HEADS = {
+    "classify": "roberta.RobertaForSequenceClassification",
+    MASKED_LM: "roberta.RobertaForMaskedLM",
+}
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
     for a in (
-        Architecture("bert", "Bert", "bert"),
+        Architecture("bert", "Bert", "bert", heads={MASKED_LM: "bert.BertForMaskedLM"}),
         Architecture(
             "roberta",
             "Roberta",
             "roberta",
-            heads={"classify": "roberta.RobertaForSequenceClassification"},
+            heads=ROBERTA_HEADS,
             positions_skip_padding=True,
             tokenizer="byte-level BPE",
         ),
@@ -54,7 +63,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             "xlm-roberta",
             "XLMRoberta",
             "roberta",
-            heads={"classify": "roberta.RobertaForSequenceClassification"},
+            heads=ROBERTA_HEADS,
             positions_skip_padding=True,
             tokenizer="Unigram (SentencePiece)",
         ),
@@ -62,7 +71,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             "camembert",
             "Camembert",
             "roberta",
-            heads={"classify": "roberta.RobertaForSequenceClassification"},
+            heads=ROBERTA_HEADS,
             positions_skip_padding=True,
             tokenizer="Unigram (SentencePiece)",
         ),
@@ -83,6 +92,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             heads={
                 "classify": "distilbert.DistilBertForSequenceClassification",
                 "multiple-choice": "distilbert.DistilBertForMultipleChoice",
+                MASKED_LM: "distilbert.DistilBertForMaskedLM",
             },
             config_names={
                 "dim": "hidden_size",
@@ -149,8 +159,13 @@ def architecture(model_type: str | None, where: str = "checkpoint") -> Architect
 
 
 def head_class(model_type: str | None, task: str) -> str:
-    """Our head for `task` on this architecture, as "module.Class" inside model/."""
-    return architecture(model_type).heads.get(task, f"bert.{TASKS[task].head}")
+    """Our head for `task` (or MASKED_LM) on this architecture, as "module.Class" inside model/."""
+    arch = architecture(model_type)
+    if task in arch.heads:
+        return arch.heads[task]
+    if task not in TASKS:
+        raise UnsupportedArchitecture(f"model_type {arch.model_type!r} has no {task} head here")
+    return f"bert.{TASKS[task].head}"
 
 
 def hf_head_names(arch: Architecture) -> dict[str, str]:

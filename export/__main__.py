@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="longest sequence the bundle accepts; verified at this length "
-        "(default: config max_position_embeddings)",
+        "(default: config max_position_embeddings, less the padding positions RoBERTa skips)",
     )
     parser.add_argument("--name", default=None, help="bundle name in bundle.json (default: checkpoint dir)")
     parser.add_argument(

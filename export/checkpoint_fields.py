@@ -10,9 +10,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from model.architectures import architecture
 from processing.qa import window_capacity
 from processing.tasks import TASKS
-from processing.tokenizer import TOKENIZER_FILES
+from processing.tokenizer import TOKENIZER_FILES, TextTokenizer
 from processing.words import WORD_SPLITS
 
 from .bundle import DEFAULT_QA, file_info
@@ -85,8 +86,9 @@ def is_reranker(config, task: str, override: bool | None) -> bool:
     return marked
 
 
-def qa_defaults_for(overrides: dict[str, int] | None, max_seq_len: int) -> dict[str, int]:
-    """SQuAD-style defaults, shrunk to fit short windows unless the caller set them."""
+def qa_defaults_for(overrides: dict[str, int] | None, max_seq_len: int, specials: int = 3) -> dict[str, int]:
+    """SQuAD-style defaults, shrunk to fit short windows unless the caller set them; `specials`: the
+    tokenizer's special tokens around a pair (BERT 3, RoBERTa 4)."""
     overrides = dict(overrides or {})
     unknown = set(overrides) - set(DEFAULT_QA)
     if unknown:
@@ -94,7 +96,7 @@ def qa_defaults_for(overrides: dict[str, int] | None, max_seq_len: int) -> dict[
     merged = dict(DEFAULT_QA)
     short_query = min(DEFAULT_QA["max_query_len"], max_seq_len // 4)
     merged["max_query_len"] = overrides.get("max_query_len", short_query)
-    capacity = window_capacity(max_seq_len, merged["max_query_len"])
+    capacity = window_capacity(max_seq_len, merged["max_query_len"], specials)
     merged["doc_stride"] = overrides.get("doc_stride", min(DEFAULT_QA["doc_stride"], capacity // 2))
     merged["max_answer_len"] = overrides.get("max_answer_len", DEFAULT_QA["max_answer_len"])
     for key, value in merged.items():
@@ -103,7 +105,7 @@ def qa_defaults_for(overrides: dict[str, int] | None, max_seq_len: int) -> dict[
     if merged["doc_stride"] >= capacity:
         raise ExportError(
             f"qa doc_stride {merged['doc_stride']} must be smaller than the context window "
-            f"max_seq_len {max_seq_len} - max_query_len {merged['max_query_len']} - 3 = {capacity}"
+            f"max_seq_len {max_seq_len} - max_query_len {merged['max_query_len']} - {specials} = {capacity}"
         )
     return merged
 
@@ -116,6 +118,27 @@ def copy_tokenizer(checkpoint_dir: Path, stage: Path) -> dict[str, Any]:
             copied[name] = file_info(stage / name)
     if "vocab.txt" not in copied and "tokenizer.json" not in copied:
         raise ExportError(
-            f"{checkpoint_dir} has neither vocab.txt nor tokenizer.json: the bundle needs a tokenizer"
+            f"{checkpoint_dir} has neither vocab.txt nor tokenizer.json: the bundle needs a tokenizer "
+            "(RoBERTa, XLM-R: save the fast tokenizer, which writes tokenizer.json)"
         )
     return copied
+
+
+def check_tokenizer(checkpoint_dir: Path, config) -> TextTokenizer:
+    """The tokenizer serving will use, loaded now: one it cannot read, or one that pads with another
+    id than the model's (RoBERTa reads its positions off the padding id), fails the export."""
+    try:
+        tokenizer = TextTokenizer.from_dir(checkpoint_dir)
+    except (ValueError, OSError, Exception) as e:  # tokenizers raises its own Exception type
+        raise ExportError(f"{checkpoint_dir}: the tokenizer does not load: {e}") from e
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ExportError(
+            f"{checkpoint_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding "
+            f"table {config.vocab_size}: ids past it cannot be embedded"
+        )
+    if tokenizer.pad_id != config.pad_token_id and architecture(config.model_type).positions_skip_padding:
+        raise ExportError(
+            f"{checkpoint_dir}: the tokenizer pads with id {tokenizer.pad_id} but config.json has "
+            f"pad_token_id {config.pad_token_id}; {config.model_type} counts positions past the padding id"
+        )
+    return tokenizer

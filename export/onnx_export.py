@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from model.bert import TASK_HEADS
+from model.architectures import ARCHITECTURES, UnsupportedArchitecture, architecture, head_type, hf_head_names
 from model.config import BertConfig
 from processing.tasks import MODEL_AXES
 from processing.tasks import TASKS as TASK_SPECS
@@ -41,13 +41,11 @@ class OnnxHead(nn.Module):
         return values if len(values) > 1 else values[0]
 
 
-# A `transformers` checkpoint names its head class in config.json `architectures`; ours are the
-# same classes by the same names (model.bert.TASK_HEADS), plus the registry's other names for a
-# task (a plain BertModel is a sentence encoder).
+# A `transformers` checkpoint names its head class in config.json `architectures`: for every
+# architecture we load (model/architectures.py), its head per task (RobertaForTokenClassification),
+# and its bare encoder (RobertaModel: a sentence encoder).
 ARCHITECTURE_TASKS = {
-    name: task
-    for task, spec in TASK_SPECS.items()
-    for name in (TASK_HEADS[task].__name__, *spec.architectures)
+    name: task for arch in ARCHITECTURES.values() for name, task in hf_head_names(arch).items()
 }
 
 
@@ -84,10 +82,11 @@ def checkpoint_task(config: BertConfig, where: str, requested: str | None = None
 
 
 def check_supported(config: BertConfig, where: str) -> None:
-    """Refuse configs our BERT does not implement, instead of exporting something else."""
-    model_type = config.extra.get("model_type", "bert")
-    if model_type != "bert":
-        raise ExportError(f"{where}/config.json has model_type {model_type!r}; only BERT checkpoints export")
+    """Refuse configs we do not implement (model/architectures.py), instead of exporting something else."""
+    try:
+        architecture(config.model_type, where)
+    except UnsupportedArchitecture as e:
+        raise ExportError(str(e)) from e
     position = config.extra.get("position_embedding_type", "absolute")
     if position != "absolute":
         raise ExportError(
@@ -107,7 +106,7 @@ def load_head(
     check_supported(config, str(checkpoint_dir))
     task = checkpoint_task(config, str(checkpoint_dir), task)
     overrides = {"pooling": pooling} if pooling is not None else {}
-    model = TASK_HEADS[task].from_pretrained(checkpoint_dir, task=task, **overrides)
+    model = head_type(config.model_type, task).from_pretrained(checkpoint_dir, task=task, **overrides)
     if getattr(model, "missing_keys", None):
         raise ExportError(
             f"{checkpoint_dir}: weights missing for {', '.join(model.missing_keys)}; exporting would ship "
@@ -160,6 +159,15 @@ def export_onnx(model: nn.Module, config: BertConfig, path: Path, opset: int = D
             do_constant_folding=True,
         )
     check_graph(path, task)
+
+
+def graph_inputs(task: str, config, graph: Path) -> list[dict]:
+    """The task's input specs that the graph reads: a model with one token type (RoBERTa) or none
+    (DistilBERT) takes no token_type_ids, and the service feeds a graph only what it takes."""
+    import onnx
+
+    names = {i.name for i in onnx.load(str(graph), load_external_data=False).graph.input}
+    return [spec for spec in task_io(task, config.num_labels, config.hidden_size)[0] if spec["name"] in names]
 
 
 def check_graph(path: Path, task: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import onnx
 
+from model.architectures import architecture
 from model.config import BertConfig
 
 _GELU_FUSION = {"gelu": "BiasGelu", "gelu_new": "FastGelu", "gelu_pytorch_tanh": "FastGelu"}
@@ -31,9 +32,16 @@ class _Collect(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+# RoBERTa's positions (a CumSum over the non-padding tokens) are outside ORT's embedding pattern:
+# its word + position + type sum stays an Add and a LayerNormalization.
+EMBEDDING_NOTE = "no EmbedLayerNormalization expected: positions that skip padding (RoBERTa) do not match it"
+
+
 def expected_fusions(config: BertConfig) -> dict[str, int]:
     layers = config.num_hidden_layers
     expected = {"EmbedLayerNormalization": 1, "Attention": layers, "SkipLayerNormalization": 2 * layers}
+    if architecture(config.model_type).positions_skip_padding:
+        del expected["EmbedLayerNormalization"]
     if config.hidden_act in _GELU_FUSION:
         expected[_GELU_FUSION[config.hidden_act]] = layers
     return expected
@@ -115,6 +123,8 @@ def fuse(src: Path, dst: Path, config: BertConfig, skip_layer_norm: bool = True)
         if counts.get(op, 0) < n
     }
     notes = []
+    if architecture(config.model_type).positions_skip_padding:
+        notes.append(EMBEDDING_NOTE)
     if config.hidden_act not in _GELU_FUSION:
         notes.append(f"no Gelu fusion expected: hidden_act {config.hidden_act!r} has no fused op")
     return {

@@ -28,6 +28,7 @@ from .bundle import (
     write_manifest,
 )
 from .checkpoint_fields import (
+    check_tokenizer,
     copy_tokenizer,
     do_lower_case,
     is_reranker,
@@ -37,7 +38,7 @@ from .checkpoint_fields import (
     tool_versions,
 )
 from .invariance import batch_invariance
-from .onnx_export import DEFAULT_OPSET, ExportError, OnnxHead, export_onnx, load_head
+from .onnx_export import DEFAULT_OPSET, ExportError, OnnxHead, export_onnx, graph_inputs, load_head
 from .sentence_encoder import SentenceEncoderError, is_sentence_transformers, read_pooling
 from .verify import (
     FP32_TOLERANCE,
@@ -150,16 +151,17 @@ def export_bundle(
         raise ExportError(str(e)) from e
     if encoder is None and (pooling is not None or normalize is not None):
         raise ExportError(f"pooling / normalize apply to sentence encoders (embed), not to a {task} head")
-    max_seq_len = (
-        max_seq_len or (encoder.max_seq_length if encoder else None) or config.max_position_embeddings
-    )
-    if not 2 <= max_seq_len <= config.max_position_embeddings:
+    max_seq_len = max_seq_len or (encoder.max_seq_length if encoder else None) or config.max_tokens
+    if not 2 <= max_seq_len <= config.max_tokens:
+        skipped = config.max_position_embeddings - config.max_tokens  # RoBERTa's padding positions
+        skips = f", less the {skipped} positions RoBERTa skips" if skipped else ""
         raise ExportError(
-            f"max_seq_len {max_seq_len} must be in "
-            f"[2, max_position_embeddings={config.max_position_embeddings}]"
+            f"max_seq_len {max_seq_len} must be in [2, {config.max_tokens}]: max_position_embeddings "
+            f"{config.max_position_embeddings}{skips}"
         )
     labels, problem_type = labels_and_problem(config, task)
-    qa = qa_defaults_for(qa_defaults, max_seq_len) if task == "qa" else None
+    tokenizer = check_tokenizer(checkpoint_dir, config)
+    qa = qa_defaults_for(qa_defaults, max_seq_len, tokenizer.n_special(pair=True)) if task == "qa" else None
     if eval_batches is not None:
         eval_batches = quantize.check_eval_batches(task, eval_batches, max_seq_len)
 
@@ -185,7 +187,7 @@ def export_bundle(
             problem_type=problem_type,
             max_seq_len=max_seq_len,
             do_lower_case=do_lower_case(checkpoint_dir),
-            inputs=task_io(task, config.num_labels, config.hidden_size)[0],
+            inputs=run.inputs,
             outputs=task_io(task, config.num_labels, config.hidden_size)[1],
             variants={
                 v: VariantInfo(
@@ -208,6 +210,7 @@ def export_bundle(
             quantization=run.quantization,
             versions=tool_versions(),
             model={
+                "model_type": config.model_type,
                 "hidden_size": config.hidden_size,
                 "num_hidden_layers": config.num_hidden_layers,
                 "num_attention_heads": config.num_attention_heads,
@@ -244,7 +247,10 @@ class _Run:
     def fp32(self, model, opset: int, max_seq_len: int) -> None:
         self.log(f"exporting {self.task} head to ONNX (opset {opset}, TorchScript exporter)")
         export_onnx(model, self.config, self.paths["fp32"], opset)
-        self.cases = verification_cases(self.task, self.config.vocab_size, max_seq_len)
+        self.inputs = graph_inputs(self.task, self.config, self.paths["fp32"])
+        self.cases = verification_cases(
+            self.task, self.config.vocab_size, max_seq_len, pad_id=self.config.pad_token_id
+        )
         wrapper = OnnxHead(model, self.task).eval()
         names = [o["name"] for o in task_io(self.task)[1]]
         self.references = [run_torch(wrapper, names, case.feeds) for case in self.cases]
@@ -310,7 +316,9 @@ class _Run:
             source, batches = "caller eval_batches", eval_batches
         else:
             source = "random tokens (no eval_batches given)"
-            batches = random_eval_batches(self.task, self.config.vocab_size, max_seq_len)
+            batches = random_eval_batches(
+                self.task, self.config.vocab_size, max_seq_len, pad_id=self.config.pad_token_id
+            )
         if variant == "int8":
             report = quantize.quantize_int8(graph, self.paths[variant])
         else:

@@ -34,21 +34,23 @@ class Case:
     feeds: dict[str, np.ndarray]
 
 
-def _batch(
+def _random_batch(
     task: str,
     lengths: list[list[int]] | list[int],
     seq: int,
     vocab_size: int,
     rng: np.random.Generator,
     second_segment: bool = False,
+    pad_id: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Right-padded random-token features; `lengths` is [batch] or [batch][choices]."""
+    """Right-padded random-token features, padded with `pad_id` (RoBERTa counts positions past it);
+    `lengths` is [batch] or [batch][choices]."""
     lengths_arr = np.asarray(lengths)
     if TASKS[task].choices and lengths_arr.ndim == 1:
         lengths_arr = lengths_arr[:, None]
     positions = np.arange(seq)
     mask = (positions < lengths_arr[..., None]).astype(np.int64)
-    input_ids = rng.integers(1, vocab_size, size=mask.shape, dtype=np.int64) * mask
+    input_ids = np.where(mask == 1, rng.integers(1, vocab_size, size=mask.shape, dtype=np.int64), pad_id)
     token_type_ids = np.zeros_like(input_ids)
     if second_segment:
         # Second half of each real span is segment B, as for a text pair.
@@ -56,8 +58,14 @@ def _batch(
     return {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": token_type_ids}
 
 
-def verification_cases(task: str, vocab_size: int, max_seq_len: int, seed: int = 0) -> list[Case]:
+def verification_cases(
+    task: str, vocab_size: int, max_seq_len: int, seed: int = 0, pad_id: int = 0
+) -> list[Case]:
     rng = np.random.default_rng(seed)
+
+    def _batch(*args, **kwargs):
+        return _random_batch(*args, **kwargs, pad_id=pad_id)
+
     mid = min(max_seq_len, 23)
     mixed = [mid, max(1, mid // 2), 1]
     if TASKS[task].choices:
@@ -85,7 +93,13 @@ def verification_cases(task: str, vocab_size: int, max_seq_len: int, seed: int =
 
 
 def random_eval_batches(
-    task: str, vocab_size: int, max_seq_len: int, n_batches: int = 8, batch_size: int = 16, seed: int = 1
+    task: str,
+    vocab_size: int,
+    max_seq_len: int,
+    n_batches: int = 8,
+    batch_size: int = 16,
+    seed: int = 1,
+    pad_id: int = 0,
 ) -> list[dict[str, np.ndarray]]:
     """Stand-in evaluation features (random tokens, mixed lengths) when the caller gives none."""
     rng = np.random.default_rng(seed)
@@ -94,7 +108,7 @@ def random_eval_batches(
     for _ in range(n_batches):
         shape = (batch_size, 4) if TASKS[task].choices else (batch_size,)
         lengths = rng.integers(max(1, seq // 4), seq + 1, size=shape)
-        batches.append(_batch(task, lengths.tolist(), seq, vocab_size, rng, second_segment=True))
+        batches.append(_random_batch(task, lengths.tolist(), seq, vocab_size, rng, True, pad_id))
     return batches
 
 
@@ -135,7 +149,9 @@ def make_session(model: Path | bytes, threads: int = 0, disabled_optimizers: Seq
 
 def run_session(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, {n: feeds[n] for n in INPUT_NAMES}), strict=True))
+    # The graph's own inputs: a model with one token type (RoBERTa) or none reads no token_type_ids.
+    feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
+    return dict(zip(names, session.run(names, feeds), strict=True))
 
 
 def run_torch(wrapper, output_names: list[str], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

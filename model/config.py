@@ -1,5 +1,7 @@
 """BertConfig: the Hugging Face `config.json` format, plus task metadata.
 
+One config for every architecture in model/architectures.py: its `model_type` row renames the keys
+an architecture spells otherwise (DistilBERT's `dim`, `n_layers` ...) on read and back on write.
 Torch-free on purpose, so the export manifest and tools can read configs cheaply.
 """
 
@@ -9,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from .architectures import ARCHITECTURES
 
 CONFIG_NAME = "config.json"
 
@@ -28,6 +32,8 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int = 0
+    model_type: str = "bert"  # the row of model/architectures.py
+    embedding_size: int | None = None  # ELECTRA: narrower embeddings, projected to hidden_size
     id2label: dict[int, str] | None = None
     # Project metadata: which head this checkpoint is for ("classify", "ner", ...).
     task: str | None = None
@@ -55,6 +61,14 @@ class BertConfig:
         self.id2label = {i: f"LABEL_{i}" for i in range(n)}
 
     @property
+    def max_tokens(self) -> int:
+        """The longest input the position table covers: RoBERTa's positions start after the
+        padding index, so 514 positions hold 512 tokens."""
+        if ARCHITECTURES.get(self.model_type, ARCHITECTURES["bert"]).positions_skip_padding:
+            return self.max_position_embeddings - self.pad_token_id - 1
+        return self.max_position_embeddings
+
+    @property
     def label2id(self) -> dict[str, int]:
         return {v: k for k, v in (self.id2label or {}).items()}
 
@@ -62,6 +76,10 @@ class BertConfig:
     def from_dict(cls, data: dict[str, Any]) -> BertConfig:
         known = {f.name for f in fields(cls)} - {"extra"}
         data = dict(data)
+        arch = ARCHITECTURES.get(data.get("model_type") or "bert")
+        if arch is not None:  # an unknown model_type is refused where a model is built (architecture())
+            data = {arch.config_names.get(k, k): v for k, v in data.items()}
+            data.update(arch.fixed)
         kwargs = {k: data.pop(k) for k in list(data) if k in known}
         num_labels = data.pop("num_labels", None)
         data.pop("label2id", None)  # derived from id2label
@@ -73,7 +91,10 @@ class BertConfig:
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "extra" and v is not None}
         out.update(self.extra)
-        out.setdefault("model_type", "bert")
+        arch = ARCHITECTURES.get(self.model_type)
+        if arch is not None:
+            theirs = {ours: key for key, ours in arch.config_names.items()}
+            out = {theirs.get(k, k): v for k, v in out.items() if k not in arch.fixed}
         if self.id2label:
             out["id2label"] = {str(k): v for k, v in self.id2label.items()}
             out["label2id"] = self.label2id

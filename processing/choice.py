@@ -35,14 +35,15 @@ def encode_choices(
     choices: list[str],
     max_seq_len: int = 128,
 ) -> list[Encoding]:
-    """[CLS] context [SEP] question+choice [SEP] per choice; the context is cut first (it is shared)."""
+    """[CLS] context [SEP] question+choice [SEP] (or the tokenizer's pair layout) per choice; the
+    context is cut first (it is shared)."""
     context_tokens = tokenizer.tokenize(context)
     seconds = tokenizer.tokenize_batch([choice_second_segment(question, c) for c in choices])
     return [pack_choice(tokenizer, context_tokens, second, max_seq_len) for second in seconds]
 
 
 def pack_choice(tokenizer: TextTokenizer, context: Tokens, second: Tokens, max_seq_len: int) -> Encoding:
-    budget = max_seq_len - 3
+    budget = max_seq_len - tokenizer.n_special(pair=True)
     # Keep at least half the room for the context when the choice is long.
     second = second.slice(0, min(len(second), max(budget // 2, budget - len(context))))
     context = context.slice(0, budget - len(second))

@@ -42,7 +42,7 @@ def encode_for_classify(
     if long_text != "windows":
         raise ValueError(f"long_text must be 'truncate' or 'windows', got {long_text!r}")
     tokens = tokenizer.tokenize(text)
-    capacity = max_seq_len - 2
+    capacity = max_seq_len - tokenizer.n_special()
     return [
         tokenizer.build(tokens.slice(s, e)) for s, e in window_spans(len(tokens), capacity, window_overlap)
     ]

@@ -36,7 +36,7 @@ def encode_for_embed(
     if side != "left":
         raise ValueError(f"truncation side must be one of {TRUNCATION_SIDES}, got {side!r}")
     tokens = tokenizer.tokenize(text)
-    keep = max_seq_len - 2
+    keep = max_seq_len - tokenizer.n_special()
     encoding = tokenizer.build(tokens.slice(max(0, len(tokens) - keep), len(tokens)))
     encoding.truncated = len(tokens) > keep
     return [encoding]

@@ -47,8 +47,8 @@ def split_label(label: str) -> tuple[str, str]:
 def tokenize_text(tokenizer: TextTokenizer, text: str, word_split: str) -> Tokens:
     """Raw text as the model's words (the rule it was trained with, processing.words), with
     word_ids over those words and offsets into `text`."""
-    if word_split == "bert":
-        return tokenizer.tokenize(text)
+    if word_split == "bert" and tokenizer.model_kind == "WordPiece":
+        return tokenizer.tokenize(text)  # BERT's own words, as it was trained on them
     return tokenizer.tokenize_spans(text, split_words(text, word_split))
 
 
@@ -60,11 +60,13 @@ class NERWindow:
     encoding: Encoding
     token_start: int
     n_tokens: int
+    offset: int = 1  # where the text's tokens start in the encoding (after [CLS] / <s>)
 
 
 def make_windows(tokenizer: TextTokenizer, tokens: Tokens, max_seq_len: int, overlap: int) -> list[NERWindow]:
-    spans = window_spans(len(tokens), max_seq_len - 2, overlap)
-    return [NERWindow(tokenizer.build(tokens.slice(s, e)), s, e - s) for s, e in spans]
+    spans = window_spans(len(tokens), max_seq_len - tokenizer.n_special(), overlap)
+    offset = tokenizer.single.before(0)
+    return [NERWindow(tokenizer.build(tokens.slice(s, e)), s, e - s, offset) for s, e in spans]
 
 
 def merge_window_logits(n_tokens: int, windows: list[NERWindow], logits: list[np.ndarray]) -> np.ndarray:
@@ -77,7 +79,7 @@ def merge_window_logits(n_tokens: int, windows: list[NERWindow], logits: list[np
         margin = np.minimum(idx, window.n_tokens - 1 - idx)
         positions = window.token_start + idx
         better = margin > best_margin[positions]
-        merged[positions[better]] = window_logits[1 : 1 + window.n_tokens][better]
+        merged[positions[better]] = window_logits[window.offset : window.offset + window.n_tokens][better]
         best_margin[positions[better]] = margin[better]
     return merged
 
@@ -117,7 +119,8 @@ def aggregate_entities(
         return []
     if strategy in ("none", "simple"):
         probs = softmax(logits, axis=-1)
-        units = [(int(tokens.offsets[i, 0]), int(tokens.offsets[i, 1]), probs[i]) for i in range(len(tokens))]
+        # A lone word-start piece (Ġ, ▁) holds no character: it is no entity on its own.
+        units = [(int(s), int(e), probs[i]) for i, (s, e) in enumerate(tokens.offsets.tolist()) if s < e]
     else:
         per_word = word_predictions(tokens.word_ids, logits, strategy)
         units = []

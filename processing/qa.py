@@ -41,9 +41,10 @@ class Answer:
     logit: float = 0.0
 
 
-def window_capacity(max_seq_len: int, query_len: int) -> int:
-    """Context tokens a window holds: [CLS] question [SEP] context [SEP]."""
-    return max_seq_len - query_len - 3
+def window_capacity(max_seq_len: int, query_len: int, specials: int = 3) -> int:
+    """Context tokens a window holds: [CLS] question [SEP] context [SEP] (3 specials; RoBERTa's
+    <s> question </s></s> context </s> has 4)."""
+    return max_seq_len - query_len - specials
 
 
 def make_windows(
@@ -56,18 +57,19 @@ def make_windows(
 ) -> QAInput:
     question_tokens = tokenizer.tokenize(question)
     question_tokens = question_tokens.slice(0, max_query_len)
-    capacity = window_capacity(max_seq_len, len(question_tokens))
+    specials = tokenizer.n_special(pair=True)
+    capacity = window_capacity(max_seq_len, len(question_tokens), specials)
     if capacity < 1:
         raise ValueError(f"max_seq_len {max_seq_len} leaves no room for context after the question")
     if doc_stride >= capacity:
         raise ValueError(
             f"doc_stride {doc_stride} does not fit the window: windows hold {capacity} context tokens "
-            f"(max_seq_len {max_seq_len} - question {len(question_tokens)} - 3 special tokens); "
+            f"(max_seq_len {max_seq_len} - question {len(question_tokens)} - {specials} special tokens); "
             f"doc_stride is the overlap between windows and must be smaller"
         )
     context_tokens = tokenizer.tokenize(context)
     result = QAInput(context=context, context_tokens=context_tokens)
-    offset = len(question_tokens) + 2
+    offset = tokenizer.pair.before(1) + len(question_tokens)  # [CLS] question [SEP] | <s> q </s></s>
     for start, end in window_spans(len(context_tokens), capacity, doc_stride):
         encoding = tokenizer.build(question_tokens, context_tokens.slice(start, end))
         result.windows.append(QAWindow(encoding, start, offset, end - start))

@@ -1,8 +1,14 @@
-"""A thin layer over the fast WordPiece tokenizer, with character offsets.
+"""A thin layer over a `tokenizers` tokenizer (WordPiece, byte-level BPE or Unigram), with character
+offsets.
 
 Texts are tokenized once, without special tokens (`Tokens`); windows and pairs
 are then assembled by slicing (`build`). Tokenizing a 50k-character QA context
 once and slicing it is what keeps long inputs linear in cost.
+
+Where the special tokens go is read from the tokenizer's own post-processor (`Layout`): BERT's
+[CLS] A [SEP] B [SEP] with B typed 1, RoBERTa's and XLM-R's <s> A </s></s> B </s> with one type.
+Offsets never cover whitespace: byte-level BPE and SentencePiece mark a word's start with a piece
+(Ġ, ▁) that can stand alone over the space before it, and such a piece gets an empty offset.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.implementations import BertWordPieceTokenizer
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -64,6 +70,58 @@ class TokenSpan:
     stop: int | None
 
 
+@dataclass(frozen=True)
+class Specials:
+    """A run of special tokens the post-processor adds, with their token types."""
+
+    ids: tuple[int, ...]
+    types: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One text or a pair as the model reads it: `parts` in order, each a run of special tokens or
+    the index of a text (0 first, 1 second); `types[i]` is text i's token type."""
+
+    parts: tuple[Specials | int, ...]
+    types: tuple[int, ...]
+
+    def before(self, text: int) -> int:
+        """Tokens ahead of text `text` other than the texts before it (QA's context offset)."""
+        n = 0
+        for part in self.parts:
+            if part == text:
+                return n
+            n += len(part.ids) if isinstance(part, Specials) else 0
+        raise ValueError(f"the layout has no text {text}")
+
+    @property
+    def n_special(self) -> int:
+        return sum(len(p.ids) for p in self.parts if isinstance(p, Specials))
+
+    @classmethod
+    def read(cls, encoding) -> Layout:
+        """The layout an encoding of one or two texts, special tokens added, shows."""
+        parts: list[Specials | int] = []
+        types: dict[int, int] = {}
+        rows = zip(encoding.ids, encoding.type_ids, encoding.sequence_ids, strict=True)
+        for token_id, type_id, seq in rows:
+            if seq is not None:
+                types[seq] = type_id
+                if not parts or parts[-1] != seq:
+                    parts.append(seq)
+            elif parts and isinstance(parts[-1], Specials):
+                parts[-1] = Specials(parts[-1].ids + (token_id,), parts[-1].types + (type_id,))
+            else:
+                parts.append(Specials((token_id,), (type_id,)))
+        return cls(tuple(parts), tuple(types[i] for i in sorted(types)))
+
+
+PAD_TOKENS, UNK_TOKENS, MASK_TOKENS = ("[PAD]", "<pad>"), ("[UNK]", "<unk>"), ("[MASK]", "<mask>")
+# Characters str.isspace() calls whitespace: offsets are trimmed of them.
+SPACES = np.array([c for c in range(0x3100) if chr(c).isspace()], dtype=np.uint32)
+
+
 class TextTokenizer:
     def __init__(self, tokenizer: Tokenizer, do_lower_case: bool = True):
         tokenizer.no_truncation()
@@ -71,13 +129,35 @@ class TextTokenizer:
         self.tokenizer = tokenizer
         self.do_lower_case = do_lower_case
         vocab = tokenizer.get_vocab()
-        missing = [t for t in ("[CLS]", "[SEP]", "[PAD]", "[UNK]") if t not in vocab]
-        if missing:
-            raise ValueError(f"vocabulary lacks special tokens {missing}")
-        self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
-        self.pad_id, self.unk_id = vocab["[PAD]"], vocab["[UNK]"]
-        self.mask_id = vocab.get("[MASK]", self.unk_id)
+        pad = next((vocab[t] for t in PAD_TOKENS if t in vocab), None)
+        unk = next((vocab[t] for t in UNK_TOKENS if t in vocab), None)
+        if pad is None or unk is None:
+            raise ValueError(f"vocabulary lacks a padding or unknown token ({PAD_TOKENS}, {UNK_TOKENS})")
+        self.pad_id, self.unk_id = pad, unk
+        self.mask_id = next((vocab[t] for t in MASK_TOKENS if t in vocab), unk)
         self.vocab_size = tokenizer.get_vocab_size()
+        self.single, self.pair = self._layouts(tokenizer, vocab)
+        self.cls_id = self.single.parts[0].ids[0]  # BERT pretraining builds its own pairs from these
+        self.sep_id = self.single.parts[-1].ids[-1]
+        self.model_kind = type(tokenizer.model).__name__  # WordPiece, BPE, Unigram
+        # Words given apart (tokenize_words) each start a word, as they do mid-sentence: a byte-level
+        # BPE tokenizer adds the space (Ġ) its pre-tokenizer would otherwise leave off.
+        self.word_tokenizer = _with_prefix_space(tokenizer)
+
+    @staticmethod
+    def _layouts(tokenizer: Tokenizer, vocab: dict[str, int]) -> tuple[Layout, Layout]:
+        if tokenizer.post_processor is None:  # a bare tokenizer.json: BERT's layout, by name
+            if "[CLS]" not in vocab or "[SEP]" not in vocab:
+                raise ValueError("tokenizer.json has no post_processor, and no [CLS] / [SEP] to build BERT's")
+            cls_, sep = Specials((vocab["[CLS]"],), (0,)), vocab["[SEP]"]
+            return Layout((cls_, 0, Specials((sep,), (0,))), (0,)), Layout(
+                (cls_, 0, Specials((sep,), (0,)), 1, Specials((sep,), (1,))), (0, 1)
+            )
+        single = Layout.read(tokenizer.encode("a", add_special_tokens=True))
+        pair = Layout.read(tokenizer.encode("a", "b", add_special_tokens=True))
+        if not all(isinstance(single.parts[i], Specials) for i in (0, -1)):
+            raise ValueError("the tokenizer's post_processor does not put special tokens around a text")
+        return single, pair
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> TextTokenizer:
@@ -102,22 +182,33 @@ class TextTokenizer:
     # ------------------------------------------------------------------ tokenizing
 
     @staticmethod
-    def _to_tokens(enc) -> Tokens:
+    def _to_tokens(enc, text: str | None = None) -> Tokens:
         n = len(enc.ids)
         offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(n, 2)
+        if text is not None:
+            offsets = trim_whitespace(offsets, text)
         word_ids = np.asarray([-1 if w is None else w for w in enc.word_ids], dtype=np.int64)
         return Tokens(np.asarray(enc.ids, dtype=np.int64), offsets, word_ids)
 
+    def _trims(self, text: str) -> str | None:
+        # WordPiece offsets never cover whitespace; BPE's and Unigram's word-start pieces may.
+        return None if self.model_kind == "WordPiece" else text
+
     def tokenize(self, text: str) -> Tokens:
-        return self._to_tokens(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._to_tokens(self.tokenizer.encode(text, add_special_tokens=False), self._trims(text))
 
     def tokenize_batch(self, texts: list[str]) -> list[Tokens]:
         encs = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        return [self._to_tokens(e) for e in encs]
+        return [self._to_tokens(e, self._trims(t)) for e, t in zip(encs, texts, strict=True)]
 
     def tokenize_words(self, words: list[str]) -> Tokens:
-        """Pre-split words (CoNLL); word_ids index `words`, offsets are within each word."""
-        return self._to_tokens(self.tokenizer.encode(words, is_pretokenized=True, add_special_tokens=False))
+        """Pre-split words (CoNLL); word_ids index `words`, offsets are within each word (a word-start
+        piece with no character of its own, Ġ, sits empty at the word's start)."""
+        enc = self.word_tokenizer.encode(words, is_pretokenized=True, add_special_tokens=False)
+        tokens = self._to_tokens(enc)
+        empty = tokens.offsets[:, 0] >= tokens.offsets[:, 1]
+        tokens.offsets[empty] = 0
+        return tokens
 
     def tokenize_spans(self, text: str, spans: list[tuple[int, int]]) -> Tokens:
         """`text` cut into the given [start, end) words; word_ids index `spans`, offsets are
@@ -147,23 +238,36 @@ class TextTokenizer:
 
     # ------------------------------------------------------------------ assembling
 
+    def layout(self, pair: bool) -> Layout:
+        return self.pair if pair else self.single
+
+    def n_special(self, pair: bool = False) -> int:
+        """Special tokens around one text (2 for all we know) or a pair (BERT 3, RoBERTa 4)."""
+        return self.layout(pair).n_special
+
     def build(self, first: Tokens, second: Tokens | None = None) -> Encoding:
-        parts_ids = [[self.cls_id], first.ids, [self.sep_id]]
-        n_first = len(first) + 2
-        n_second = len(second) + 1 if second is not None else 0
-        special = np.zeros((1, 2), dtype=np.int64)
-        offsets = [special, first.offsets, special]
-        seq_ids = [[-1], np.zeros(len(first), np.int64), [-1]]
-        word_ids = [[-1], first.word_ids, [-1]]
-        if second is not None:
-            parts_ids += [second.ids, [self.sep_id]]
-            offsets += [second.offsets, special]
-            seq_ids += [np.ones(len(second), np.int64), [-1]]
-            word_ids += [second.word_ids, [-1]]
-        token_type = np.concatenate([np.zeros(n_first, np.int64), np.ones(n_second, np.int64)])
+        """The model's input for one text or a pair, special tokens where the layout puts them."""
+        layout = self.layout(second is not None)
+        texts = (first, second)
+        ids, types, offsets, seq_ids, word_ids = [], [], [], [], []
+        for part in layout.parts:
+            if isinstance(part, Specials):
+                n = len(part.ids)
+                ids.append(part.ids)
+                types.append(part.types)
+                offsets.append(np.zeros((n, 2), np.int64))
+                seq_ids.append(np.full(n, -1))
+                word_ids.append(np.full(n, -1))
+            else:
+                tokens = texts[part]
+                ids.append(tokens.ids)
+                types.append(np.full(len(tokens), layout.types[part]))
+                offsets.append(tokens.offsets)
+                seq_ids.append(np.full(len(tokens), part))
+                word_ids.append(tokens.word_ids)
         return Encoding(
-            input_ids=np.concatenate(parts_ids).astype(np.int64),
-            token_type_ids=token_type,
+            input_ids=np.concatenate(ids).astype(np.int64),
+            token_type_ids=np.concatenate(types).astype(np.int64),
             offsets=np.concatenate(offsets).astype(np.int64),
             sequence_ids=np.concatenate(seq_ids).astype(np.int64),
             word_ids=np.concatenate(word_ids).astype(np.int64),
@@ -174,15 +278,17 @@ class TextTokenizer:
         first = self.tokenize(text)
         second = self.tokenize(text_pair) if text_pair is not None else None
         n_tokens = len(first) + (len(second) if second is not None else 0)
-        first, second = truncate_pair(first, second, max_length)
+        first, second = truncate_pair(first, second, max_length, self.n_special(second is not None))
         encoding = self.build(first, second)
         encoding.truncated = len(first) + (len(second) if second is not None else 0) < n_tokens
         return encoding
 
 
-def truncate_pair(first: Tokens, second: Tokens | None, max_length: int) -> tuple[Tokens, Tokens | None]:
-    """Longest-first truncation, so the pair plus its special tokens fits `max_length`."""
-    specials = 3 if second is not None else 2
+def truncate_pair(
+    first: Tokens, second: Tokens | None, max_length: int, specials: int | None = None
+) -> tuple[Tokens, Tokens | None]:
+    """Longest-first truncation, so the pair plus its `specials` (BERT's 2 or 3) fits `max_length`."""
+    specials = specials if specials is not None else (3 if second is not None else 2)
     budget = max_length - specials
     if budget < 1:
         raise ValueError(f"max_length {max_length} leaves no room for text")
@@ -194,6 +300,36 @@ def truncate_pair(first: Tokens, second: Tokens | None, max_length: int) -> tupl
             n2 -= 1
     first = first.slice(0, n1)
     return first, (second.slice(0, n2) if second is not None else None)
+
+
+def trim_whitespace(offsets: np.ndarray, text: str) -> np.ndarray:
+    """[n, 2] character offsets shrunk off any whitespace at either end; a token over whitespace
+    only (a lone Ġ or ▁) becomes empty where the next character is."""
+    if len(offsets) == 0:
+        return offsets
+    chars = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # one per str index
+    solid = np.flatnonzero(~np.isin(chars, SPACES))  # indices of non-whitespace characters
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    i = np.searchsorted(solid, starts)  # the first solid character at or after each start
+    first = np.where(i < len(solid), solid[np.minimum(i, len(solid) - 1)], len(text))
+    new_starts = np.minimum(first, ends)
+    j = np.searchsorted(solid, ends) - 1  # the last solid character before each end
+    last = np.where(j >= 0, solid[np.maximum(j, 0)] + 1, 0)
+    new_ends = np.maximum(last, new_starts)
+    return np.stack([new_starts, new_ends], axis=1)
+
+
+def _with_prefix_space(tokenizer: Tokenizer) -> Tokenizer:
+    """`tokenizer`, or for a byte-level pre-tokenizer without add_prefix_space a copy with it (read
+    off the object: serializing a 250k-piece vocabulary to look would cost a second per load)."""
+    pre = tokenizer.pre_tokenizer
+    if not isinstance(pre, pre_tokenizers.ByteLevel) or pre.add_prefix_space:
+        return tokenizer
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.pre_tokenizer = pre_tokenizers.ByteLevel(
+        add_prefix_space=True, trim_offsets=pre.trim_offsets, use_regex=pre.use_regex
+    )
+    return copy
 
 
 def default_window_overlap(max_seq_len: int) -> int:

@@ -46,11 +46,15 @@ class TinyModels:
         self.made: dict[tuple, Path] = {}
         self.specs: dict[tuple, tuple] = {}
 
-    def checkpoint(self, task: str, seed: int = 0, labels: tuple[str, ...] = ()) -> Path:
-        key = ("checkpoint", task, seed, labels)
+    def checkpoint(
+        self, task: str, seed: int = 0, labels: tuple[str, ...] = (), model_type: str = "bert"
+    ) -> Path:
+        key = ("checkpoint", task, seed, labels, model_type)
         if key not in self.made:
             directory = self.root / "checkpoints" / f"{task}-{len(self.made)}"
-            self.made[key] = make_tiny_checkpoint(task, directory, seed=seed, labels=list(labels) or None)
+            self.made[key] = make_tiny_checkpoint(
+                task, directory, seed=seed, labels=list(labels) or None, model_type=model_type
+            )
         return self.made[key]
 
     def bundle(
@@ -62,6 +66,7 @@ class TinyModels:
         variants: tuple[str, ...] | None = None,
         models: str = "models",
         name: str | None = None,
+        model_type: str = "bert",
     ) -> Path:
         """The bundle ROOT/<models>/<task>: a `models` folder is one MODELS_DIR, one bundle per task."""
         from export import export_bundle
@@ -69,16 +74,17 @@ class TinyModels:
 
         variants = tuple(variants or VARIANTS)
         key = ("bundle", models, task)
+        spec = (seed, labels, variants, name, model_type)
         if key not in self.made:
-            self.specs[key] = (seed, labels, variants, name)
+            self.specs[key] = spec
             self.made[key] = export_bundle(
-                self.checkpoint(task, seed, labels),
+                self.checkpoint(task, seed, labels, model_type),
                 self.root / models / task,
                 max_seq_len=MAX_SEQ_LEN,
                 variants=variants,
                 name=name,
             )
-        assert self.specs[key] == (seed, labels, variants, name), f"{models}/{task} exists, made otherwise"
+        assert self.specs[key] == spec, f"{models}/{task} exists, made otherwise"
         return self.made[key]
 
 

@@ -43,10 +43,15 @@ def test_the_service_follows_the_registry() -> None:
 def test_export_follows_the_registry() -> None:
     from export import bundle
     from export.onnx_export import ARCHITECTURE_TASKS
+    from model.architectures import ARCHITECTURES
 
     assert bundle.TASKS == TASK_NAMES
+    # Every architecture's class for each task, as BERT's spelled with its stem (model/architectures.py).
     assert ARCHITECTURE_TASKS == {
-        head: name for name, spec in TASKS.items() for head in (spec.head, *spec.architectures)
+        arch.hf_name + head.removeprefix("Bert"): name
+        for arch in ARCHITECTURES.values()
+        for name, spec in TASKS.items()
+        for head in (spec.head, *spec.architectures)
     }
     assert ARCHITECTURE_TASKS["BertModel"] == "embed"  # a base encoder serves sentence embeddings
     inputs, outputs = bundle.task_io("qa")

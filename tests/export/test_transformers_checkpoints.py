@@ -158,9 +158,9 @@ def test_regression_and_unsupported_configs(tmp_path, capsys):
     edit_config(multi_dir, problem_type="regression")
     assert export_cli(multi_dir, tmp_path / "multi-bundle") == 1
     assert "problem_type 'regression' with 3 outputs" in capsys.readouterr().err
-    edit_config(multi_dir, problem_type=None, model_type="roberta")
+    edit_config(multi_dir, problem_type=None, model_type="deberta-v2")  # more in test_architecture_exports
     assert export_cli(multi_dir, tmp_path / "multi-bundle") == 1
-    assert "model_type 'roberta'" in capsys.readouterr().err
+    assert "model_type 'deberta-v2'" in capsys.readouterr().err
 
 
 def test_legacy_google_names_and_sharded_weights(hf_checkpoints, tmp_path):

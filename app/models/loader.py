@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.backend.runtime import RuntimePool, SessionTuning, choose_variant, create_runtime
+from app.backend.runtime import RuntimePool, SessionTuning, create_runtime, variant_choice
 from app.core.batcher import Batcher
 from app.errors import MemoryLimitExceeded
 from app.models.repository import VersionDir, manifest_digest
@@ -68,6 +68,7 @@ class Bundle:
     digest: str = ""
     signature: tuple = ()  # the files it was loaded from (repository.VersionDir.signature)
     variant: str | None = None
+    variant_reason: str | None = None  # why this variant (app.backend.runtime.variant_choice)
     device: str | None = None
     threads: int | None = None
     tokenizer: TextTokenizer | None = None
@@ -115,7 +116,7 @@ def build(
         source.model, source.version, source.path, manifest, manifest_digest(source.path), source.signature
     )
     bundle.device = plan.device
-    bundle.variant = choose_variant(plan.device, manifest.variants, cpu_variant)
+    bundle.variant, bundle.variant_reason = variant_choice(plan.device, manifest.variants, cpu_variant)
     weights = manifest.variants[bundle.variant].bytes * plan.sessions
     if room is not None and weights > room:
         raise MemoryLimitExceeded(
@@ -134,10 +135,19 @@ def build(
     if plan.solo_threads:
         # Spins while it runs (a lone request gets the whole machine's latency), never after.
         tuning = replace(plan.tuning, spinning=True, stop_spinning_after_run=True)
-        solo = create_runtime(path, plan.device, plan.solo_threads, tuning, disabled_optimizers=disabled)
+        solo = create_runtime(
+            path, plan.device, plan.solo_threads, tuning, disabled_optimizers=disabled, variant=bundle.variant
+        )
     bundle.runtime = RuntimePool(
         [
-            create_runtime(path, plan.device, plan.threads, plan.tuning, disabled_optimizers=disabled)
+            create_runtime(
+                path,
+                plan.device,
+                plan.threads,
+                plan.tuning,
+                disabled_optimizers=disabled,
+                variant=bundle.variant,
+            )
             for _ in range(plan.instances)
         ],
         solo,

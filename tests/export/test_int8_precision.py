@@ -136,3 +136,119 @@ def test_the_exact_kernel_is_exact_on_any_cpu(monkeypatch):
     np.testing.assert_array_equal(served.run(None, {"codes": codes})[0], exact)
     evaluated = make_session(matmul_model(weights), threads=1)
     np.testing.assert_array_equal(evaluated.run(None, {"codes": codes})[0], exact)
+
+
+def pairwise_16_bit(codes: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """What the x86 u8 x s8 kernels without VNNI compute (vpmaddubsw, then vpmaddwd by ones): each
+    pair of adjacent products along K summed and saturated to int16, the pairs then summed in int32.
+    The zero point is taken off afterwards from column sums, so the kernel sees the raw uint8 codes."""
+    a = codes.astype(np.int64)[:, :, None]  # [M, K, 1]
+    w = weights.astype(np.int64)[None]  # [1, K, N]
+    products = a * w  # [M, K, N]
+    pairs = products[:, 0::2] + products[:, 1::2]  # [M, K/2, N]
+    raw = np.clip(pairs, -32768, 32767).sum(1)  # [M, N]
+    return raw - 128 * weights.astype(np.int64).sum(0)  # the zero point's correction, exact
+
+
+def extreme_weights(peak: int) -> np.ndarray:
+    """Columns of +peak, -peak, and every sign pattern of a pair: the extremes of a linear bound."""
+    signs = np.array([[1, 1], [-1, -1], [1, -1], [-1, 1]])  # [4, 2]: one pair's signs per column
+    return (peak * np.tile(signs.T, (32, 1))).astype(np.int8)  # [64, 4]
+
+
+@pytest.mark.parametrize("peak", [127, 65])
+def test_the_pairwise_kernel_saturates_beyond_64(peak):
+    """All-255 activations against weights of 127 or 65: a pair overflows 16 bits (255 x 65 x 2 =
+    33,150), so the emulated kernel is off; this is the check the 7-bit bound must pass."""
+    codes = np.full((2, 64), 255, np.uint8)
+    weights = extreme_weights(peak)
+    exact = (codes.astype(np.int64) - 128) @ weights.astype(np.int64)
+    assert (pairwise_16_bit(codes, weights) != exact).any()
+
+
+def test_7_bit_weights_are_exact_on_the_pairwise_kernel():
+    """The worst cases for int8-rowwise-7bit: every activation code 0 or 255 (the raw codes the kernel
+    multiplies; 128 is the zero point) against every sign pattern of ±64 weights, and random codes."""
+    from export.int8_precision import PAIR_SAFE_WEIGHT
+    from export.quantize_rowwise import quantize_weight
+
+    assert PAIR_SAFE_WEIGHT == 64 and 255 * 64 * 2 <= 32767 < 255 * 65 * 2
+    weights = extreme_weights(PAIR_SAFE_WEIGHT)
+    rows = [np.full(64, 255), np.zeros(64), np.tile([255, 0], 32), np.tile([0, 255], 32)]
+    rng = np.random.default_rng(0)
+    codes = np.concatenate([np.stack(rows), rng.integers(0, 256, (60, 64))]).astype(np.uint8)
+    exact = (codes.astype(np.int64) - 128) @ weights.astype(np.int64)
+    np.testing.assert_array_equal(pairwise_16_bit(codes, weights), exact)
+    # The variant's quantizer never leaves the bound, whatever the weights (a column of one outlier).
+    w = rng.standard_normal((64, 8)).astype(np.float32)
+    w[3, 2] = 40.0
+    q, _ = quantize_weight(w, PAIR_SAFE_WEIGHT)
+    assert np.abs(q.astype(int)).max() == PAIR_SAFE_WEIGHT
+    np.testing.assert_array_equal(
+        pairwise_16_bit(codes, q), (codes.astype(np.int64) - 128) @ q.astype(np.int64)
+    )
+
+
+def test_the_7_bit_variant_is_served_without_the_widening_kernel(monkeypatch):
+    """On an AVX2-only CPU (injected flags) the service opens int8-rowwise-7bit on the fast kernel and
+    int8-rowwise on the exact widening one; the worst case adds up exactly on the 7-bit one with this
+    CPU's real kernel (the fast non-VNNI one where the suite runs on such a CPU)."""
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from app.backend.runtime import session_options
+    from export import int8_precision
+
+    monkeypatch.setattr(int8_precision.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(int8_precision, "cpu_flags", lambda cpuinfo=None: set(AVX2_ONLY))
+    assert config_entry(session_options(1, variant="int8-rowwise"), X64_QUANT_PRECISION) == "1"
+    options = session_options(1, variant="int8-rowwise-7bit")
+    assert config_entry(options, X64_QUANT_PRECISION) is None
+    weights = extreme_weights(64)
+    codes = np.full((4, 64), 255, np.uint8)
+    served = ort.InferenceSession(matmul_model(weights), options, providers=["CPUExecutionProvider"])
+    exact = (codes.astype(np.int64) - 128) @ weights.astype(np.int64)
+    np.testing.assert_array_equal(served.run(None, {"codes": codes})[0], exact)
+
+
+QEMU_SCRIPT = """
+import sys
+import numpy as np
+import onnxruntime as ort
+from tests.export.test_int8_precision import extreme_weights, matmul_model
+
+codes = np.full((4, 64), 255, np.uint8)
+for peak in (127, 64):
+    weights = extreme_weights(peak)
+    exact = (codes.astype(np.int64) - 128) @ weights.astype(np.int64)
+    session = ort.InferenceSession(matmul_model(weights), providers=["CPUExecutionProvider"])
+    print(peak, int(np.abs(session.run(None, {"codes": codes})[0] - exact).max()))
+"""
+
+
+def test_the_real_avx2_kernel_under_emulation():
+    """onnxruntime's own AVX2 u8 x s8 kernel, on this machine: qemu-user emulates a Haswell CPU (AVX2,
+    no VNNI), so MLAS dispatches to its non-VNNI kernel. 8-bit weights must come out wrong there
+    (proof that the emulated path is the saturating one) and 7-bit weights exact. Not for timing."""
+    import platform
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("qemu-x86_64 (apt-get install qemu-user) is needed to emulate an AVX2-only CPU")
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [qemu, "-cpu", "Haswell", sys.executable, "-c", QEMU_SCRIPT],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    errors = dict(line.split() for line in result.stdout.split("\n") if line.strip())
+    assert int(errors["127"]) > 0, "the emulated CPU took an exact kernel: not the AVX2 path"
+    assert errors["64"] == "0"

@@ -18,10 +18,10 @@ class Settings(BaseSettings):
 
     models_dir: Path = Field(Path("models"), description="Directory whose sub-directories are bundles")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    cpu_variant: Literal["auto", "int8-rowwise", "int8-rowwise-7bit", "int8", "fused", "fp32"] = Field(
+    cpu_variant: Literal["auto", "int8-rowwise", "int8-rowwise-avx2", "int8", "fused", "fp32"] = Field(
         "auto",
         description="auto: the fastest exact batch-invariant INT8 variant for this CPU (int8-rowwise with "
-        "VNNI/AMX, int8-rowwise-7bit without); a name forces that variant",
+        "VNNI/AMX, int8-rowwise-avx2 without); a name forces that variant",
     )
     intra_op_threads: int = Field(0, ge=0, description="ORT threads per session; 0 = cores / sessions")
     model_instances: int = Field(

@@ -29,7 +29,7 @@ TARGET = 1.05  # issue 30: the invariant path <= 1.05x dynamic INT8 at (1,128) a
 BATCH_VS_FP32, BATCH_VS_INT8, SINGLE_VS_FP32 = 1.2, 1.0, 0.85
 LENGTHS, THREADS = (43, 128), (1, 2)  # 43: the issue's SST-2 text; 128: issue 30's shapes
 INT8, FP32 = "int8", "fused"
-VARIANTS = (FP32, INT8, "int8-rowwise", "int8-rowwise-7bit")
+VARIANTS = (FP32, INT8, "int8-rowwise", "int8-rowwise-avx2")
 
 
 class Candidate:

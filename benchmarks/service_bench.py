@@ -29,7 +29,7 @@ from benchmarks.loadgen_payloads import BASE, PATHS, SENTENCES, from_wire, make_
 from export.bundle import MANIFEST_NAME
 from export.int8_precision import cpu_int8_variant
 
-# What our server (CPU_VARIANT=auto's choice on this CPU: int8-rowwise-7bit without VNNI), the plain
+# What our server (CPU_VARIANT=auto's choice on this CPU: int8-rowwise-avx2 without VNNI), the plain
 # ORT floor and the bare model run.
 VARIANT = cpu_int8_variant()[0]
 ENDPOINTS = ("classify", "qa", "embed")

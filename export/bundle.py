@@ -32,7 +32,7 @@ BATCH_INVARIANT = {
     "fp32": True,
     "fused": True,
     "int8-rowwise": True,
-    "int8-rowwise-7bit": True,
+    "int8-rowwise-avx2": True,
     "int8": False,
     "fp16": None,
 }
@@ -45,8 +45,8 @@ def batch_invariant(variant: str, device: str | None) -> bool | None:
 
 VARIANT_NOTES = {
     "int8-rowwise": "INT8 with per-token activation scales: a row's outputs do not depend on its batch",
-    "int8-rowwise-7bit": "INT8 with per-token activation scales and 7-bit weights, exact at INT8 speed on "
-    "CPUs without VNNI: a row's outputs do not depend on its batch",
+    "int8-rowwise-avx2": "INT8 with per-token activation scales and weights whose adjacent pairs fit 16-bit "
+    "sums, exact at INT8 speed on CPUs without VNNI: a row's outputs do not depend on its batch",
     "int8": "ORT dynamic INT8, one activation scale per batch: faster, but a row's outputs move "
     "slightly with what shares its batch",
 }

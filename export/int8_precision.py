@@ -10,11 +10,14 @@ widening kernel. It is asked for only where the CPU lacks VNNI/AMX: there it res
 elsewhere the fast kernel already is exact. Serving (app.backend.runtime) and offline evaluation and
 export checks (export.verify) both open their sessions through `exact_int8`.
 
-The widening kernel costs about as much as fp32 on an AVX2-only CPU. `int8-rowwise-7bit` needs none
-of it: its int8 weights lie in [-64, 64], so a pair of products of uint8 activations adds up to at
-most 255 x 64 x 2 = 32,640 in magnitude, which 16 bits hold (whatever the pairing, since the bound
-holds for every pair). `exact_int8` asks for nothing on such a variant, and `cpu_int8_variant` says
-which batch-invariant INT8 variant is exact at full speed on this CPU.
+The widening kernel costs about as much as fp32 on an AVX2-only CPU. `int8-rowwise-avx2` needs none
+of it. The non-VNNI kernels (vpmaddubsw) multiply 4 consecutive K values of a weight column at a time
+and add the products of K rows (2j, 2j + 1) in 16 bits; that variant's weights keep |w[2j]| + |w[2j+1]|
+<= PAIR_BUDGET = 128 in every column, so a pair of products with uint8 activations is at most
+255 x 128 = 32,640 in magnitude, which 16 bits hold. A single weight may still reach 127 (a plain
+[-64, 64] bound would also be exact, pairing aside, but left the embedding default's vectors below
+its cosine bar: docs/decisions.md, int8_avx2). `exact_int8` asks for nothing on such a variant, and
+`cpu_int8_variant` says which batch-invariant INT8 variant is exact at full speed on this CPU.
 """
 
 from __future__ import annotations
@@ -27,15 +30,15 @@ X64_QUANT_PRECISION = "session.x64quantprecision"
 # int32 dot products of u8 x s8: no 16-bit intermediate to saturate.
 INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 X86 = frozenset({"x86_64", "amd64", "i386", "i686", "x86"})
-# The largest |int8 weight| whose pairs of products with uint8 activations fit the 16-bit sums of the
-# non-VNNI kernels (vpmaddubsw): 255 x 64 x 2 = 32,640 <= 32,767 (and -32,640 >= -32,768).
-PAIR_SAFE_WEIGHT = 64
-# Variants whose every int8 weight is within PAIR_SAFE_WEIGHT (export checks it): exact on every
-# x86 u8 x s8 kernel without the widening one.
-PAIR_SAFE_VARIANTS = frozenset({"int8-rowwise-7bit"})
+# |w[2j]| + |w[2j+1]| of a column's adjacent K rows, at most: 255 x 128 = 32,640 <= 32,767 (and
+# -32,640 >= -32,768), so the non-VNNI kernels' 16-bit pair sums never saturate.
+PAIR_BUDGET = 128
+# Variants whose int8 weights keep PAIR_BUDGET (export checks it): exact on every x86 u8 x s8 kernel
+# without the widening one.
+PAIR_SAFE_VARIANTS = frozenset({"int8-rowwise-avx2"})
 # The batch-invariant INT8 variant each kernel class runs exactly at full speed (docs/decisions.md,
-# int8_avx2): 8-bit weights where the dot products are 32-bit, 7-bit ones where pairs add in 16 bits.
-INT8_FOR_INT32_DOTS, INT8_FOR_16_BIT_PAIRS = "int8-rowwise", "int8-rowwise-7bit"
+# int8_avx2): 8-bit weights where the dot products are 32-bit, pair-budget ones where pairs add in 16 bits.
+INT8_FOR_INT32_DOTS, INT8_FOR_16_BIT_PAIRS = "int8-rowwise", "int8-rowwise-avx2"
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -62,7 +65,7 @@ def cpu_int8_variant(machine: str | None = None, flags: set[str] | None = None) 
     if needs_exact_int8(machine, flags):
         return INT8_FOR_16_BIT_PAIRS, (
             "this CPU's u8 x s8 kernel adds pairs of products in 16 bits (no VNNI/AMX): "
-            "7-bit weights keep it exact without the slow widening kernel"
+            "weights whose adjacent pairs stay within 128 keep it exact without the slow widening kernel"
         )
     return (
         INT8_FOR_INT32_DOTS,
@@ -83,9 +86,18 @@ def exact_int8(options: Any, needed: bool | None = None, variant: str | None = N
 INTEGER_MATMULS = ("MatMulIntegerToFloat", "MatMulInteger", "DynamicQuantizeMatMul")
 
 
-def int8_weight_peak(graph: Any) -> int:
-    """The largest |code| among the int8 weights of an ONNX graph's integer matmuls (0 if none):
-    what export checks against PAIR_SAFE_WEIGHT for a PAIR_SAFE_VARIANTS graph."""
+def pair_peak(codes: Any) -> int:
+    """The largest |w[2j]| + |w[2j+1]| over a [K, N] int8 weight's columns (K padded with a zero row)."""
+    import numpy as np
+
+    w = np.abs(codes.astype(np.int32))
+    if len(w) % 2:
+        w = np.concatenate([w, np.zeros((1, *w.shape[1:]), np.int32)])
+    return int((w[0::2] + w[1::2]).max(initial=0))
+
+
+def int8_pair_peak(graph: Any) -> int:
+    """pair_peak over the int8 weights of an ONNX graph's integer matmuls (0 if none)."""
     import numpy as np
     from onnx import numpy_helper
 
@@ -94,20 +106,20 @@ def int8_weight_peak(graph: Any) -> int:
     for node in graph.node:
         if node.op_type in INTEGER_MATMULS and len(node.input) > 1 and node.input[1] in weights:
             codes = numpy_helper.to_array(weights[node.input[1]])
-            if codes.dtype == np.int8 and codes.size:
-                peak = max(peak, int(np.abs(codes.astype(np.int16)).max()))
+            if codes.dtype == np.int8 and codes.ndim == 2:
+                peak = max(peak, pair_peak(codes))
     return peak
 
 
 def require_pair_safe(variant: str, path: Path) -> int:
-    """The largest |int8 weight| of the ONNX file `path`; raises ValueError where `variant` is in
-    PAIR_SAFE_VARIANTS (served without the widening kernel) and a weight exceeds PAIR_SAFE_WEIGHT."""
+    """int8_pair_peak of the ONNX file `path`; raises ValueError where `variant` is in
+    PAIR_SAFE_VARIANTS (served without the widening kernel) and a pair exceeds PAIR_BUDGET."""
     import onnx
 
-    peak = int8_weight_peak(onnx.load(str(path)).graph)
-    if variant in PAIR_SAFE_VARIANTS and peak > PAIR_SAFE_WEIGHT:
+    peak = int8_pair_peak(onnx.load(str(path)).graph)
+    if variant in PAIR_SAFE_VARIANTS and peak > PAIR_BUDGET:
         raise ValueError(
-            f"{variant} must keep its int8 weights within ±{PAIR_SAFE_WEIGHT} (its pairs of products then "
-            f"fit 16 bits), but {path.name} holds {peak}"
+            f"{variant} must keep |w[2j]| + |w[2j+1]| <= {PAIR_BUDGET} in its int8 weights (its pairs of "
+            f"products then fit 16 bits), but {path.name} holds {peak}"
         )
     return peak

@@ -51,20 +51,20 @@ from .verify import (
     verification_cases,
 )
 
-VARIANTS = ("fp32", "fused", "int8", "int8-rowwise", "int8-rowwise-7bit", "fp16")
+VARIANTS = ("fp32", "fused", "int8", "int8-rowwise", "int8-rowwise-avx2", "fp16")
 FILES = {
     "fp32": "model.onnx",
     "fused": "model_fused.onnx",
     "int8": "model_int8.onnx",
     "int8-rowwise": "model_int8_rowwise.onnx",
-    "int8-rowwise-7bit": "model_int8_rowwise_7bit.onnx",
+    "int8-rowwise-avx2": "model_int8_rowwise_avx2.onnx",
     "fp16": "model_fp16.onnx",
 }
-INT8_VARIANTS = ("int8-rowwise", "int8-rowwise-7bit", "int8")
+INT8_VARIANTS = ("int8-rowwise", "int8-rowwise-avx2", "int8")
 PRECISION = {"fp32": "fp32", "fused": "fp32", "fp16": "fp16"} | dict.fromkeys(INT8_VARIANTS, "int8")
 DEVICE = {"fp32": "any", "fused": "any", "fp16": "cuda"} | dict.fromkeys(INT8_VARIANTS, "cpu")
-# The per-token variants' int8 weight range: 7 bits where the kernel adds pairs in 16 bits.
-ROWWISE_WEIGHT_MAX = {"int8-rowwise": 127, "int8-rowwise-7bit": int8_precision.PAIR_SAFE_WEIGHT}
+# The per-token variants' int8 weights: within a pair budget where the kernel adds pairs in 16 bits.
+PAIR_BUDGET = {"int8-rowwise": None, "int8-rowwise-avx2": int8_precision.PAIR_BUDGET}
 # int8-rowwise recipes beyond the plain one, by task. Sentence embeddings are read as they are and
 # compared by cosine: plain per-token INT8 left MiniLM's at 0.974 of sentence-transformers' at
 # worst on 200 texts; 16 fp32 outlier channels per input and fp32 FFN outputs keep them >= 0.999
@@ -303,7 +303,7 @@ class _Run:
         self.paths["int8"].with_name("int8_source.onnx").unlink(missing_ok=True)
 
     def int8(self, variant: str, eval_batches, metric_fn, max_seq_len: int) -> None:
-        """Quantize `variant` ("int8": ORT dynamic; "int8-rowwise[-7bit]": per-token scales), check its
+        """Quantize `variant` ("int8": ORT dynamic; "int8-rowwise[-avx2]": per-token scales), check its
         shapes, batch invariance and weight range, and measure what it costs against fp32."""
         graph = self.cpu_source()
         if self.base == "fused":
@@ -322,9 +322,9 @@ class _Run:
                 disabled = self.disabled_optimizers.get(variant, ())
                 k = recipe.pop("outlier_channels")
                 recipe["outliers"] = quantize_rowwise.outlier_channels(graph, batches, k, disabled)
-            recipe["weight_max"] = ROWWISE_WEIGHT_MAX[variant]
+            recipe["pair_budget"] = PAIR_BUDGET[variant]
             report = quantize_rowwise.quantize_rowwise(graph, self.paths[variant], **recipe)
-            report["int8_weight_peak"] = int8_precision.require_pair_safe(variant, self.paths[variant])
+            report["int8_pair_peak"] = int8_precision.require_pair_safe(variant, self.paths[variant])
             if recipe.get("outliers"):
                 report["outlier_channels"]["chosen_on"] = source
         if self.base == "fused":

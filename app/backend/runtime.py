@@ -24,7 +24,7 @@ log = logging.getLogger("app.runtime")
 
 CUDA_EP = "CUDAExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
-CPU_VARIANT_ORDER = ("int8-rowwise", "int8-rowwise-7bit", "int8", "fused", "fp32")
+CPU_VARIANT_ORDER = ("int8-rowwise", "int8-rowwise-avx2", "int8", "fused", "fp32")
 CUDA_VARIANT_ORDER = ("fp16", "fp32")
 
 
@@ -65,7 +65,7 @@ def variant_choice(
     device: str, variants: Mapping[str, Any], cpu_variant: str = "auto", flags: set[str] | None = None
 ) -> tuple[str, str]:
     """The variant to serve from `variants` and why (/models and the log say it):
-    `variant_preference`, then (int8-rowwise > int8-rowwise-7bit > int8 > fused > fp32 on CPU,
+    `variant_preference`, then (int8-rowwise > int8-rowwise-avx2 > int8 > fused > fp32 on CPU,
     fp16 > fp32 on GPU) where a bundle lacks it. Falls back loudly, never silently."""
     preferred, reason = variant_preference(device, cpu_variant, flags)
     rest = CUDA_VARIANT_ORDER if device == "cuda" else CPU_VARIANT_ORDER

@@ -177,12 +177,12 @@ async def test_health_models_and_metrics(models_dir):
     ("flags", "served"),
     [
         ({"avx2", "avx512f", "avx512bw", "avx512_vnni"}, "int8-rowwise"),
-        ({"avx", "avx2", "fma"}, "int8-rowwise-7bit"),
+        ({"avx", "avx2", "fma"}, "int8-rowwise-avx2"),
     ],
 )
 async def test_models_serves_and_names_the_variant_for_the_cpu(models_dir, monkeypatch, flags, served):
     """CPU_VARIANT=auto on a VNNI CPU and on an AVX2-only one (flags injected): /models names the
-    variant and why, and the 7-bit one answers on the fast kernel (no widening kernel asked)."""
+    variant and why, and the -avx2 one answers on the fast kernel (no widening kernel asked)."""
     from export import int8_precision
 
     monkeypatch.setattr(int8_precision.platform, "machine", lambda: "x86_64")
@@ -191,7 +191,7 @@ async def test_models_serves_and_names_the_variant_for_the_cpu(models_dir, monke
         models = (await client.get("/models")).json()["models"]
         assert {m["variant"] for m in models} == {served}
         assert all(m["batch_invariant"] is True and m["variant_reason"] for m in models)
-        assert all(("16 bits" in m["variant_reason"]) == served.endswith("7bit") for m in models)
+        assert all(("16 bits" in m["variant_reason"]) == served.endswith("avx2") for m in models)
         assert (await client.post("/classify", json={"text": TEXT})).status_code == 200
 
 

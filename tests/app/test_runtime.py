@@ -57,8 +57,8 @@ def test_choose_variant():
         ("x86_64", VNNI, "int8-rowwise"),  # 32-bit dot products: 8-bit weights are exact and fast
         ("x86_64", {"avx2", "avx_vnni"}, "int8-rowwise"),
         ("x86_64", {"avx2", "amx_int8"}, "int8-rowwise"),
-        ("x86_64", AVX2_ONLY, "int8-rowwise-7bit"),  # 16-bit pair sums: only 7-bit weights are exact fast
-        ("x86_64", {"avx2", "avx512f", "avx512bw"}, "int8-rowwise-7bit"),  # AVX-512 without VNNI
+        ("x86_64", AVX2_ONLY, "int8-rowwise-avx2"),  # 16-bit pair sums: pair-budget weights
+        ("x86_64", {"avx2", "avx512f", "avx512bw"}, "int8-rowwise-avx2"),  # AVX-512 without VNNI
         ("aarch64", {"asimd"}, "int8-rowwise"),
     ],
 )
@@ -68,18 +68,18 @@ def test_auto_serves_the_fastest_exact_variant_for_the_cpu(monkeypatch, machine,
     from export import int8_precision
 
     monkeypatch.setattr(int8_precision.platform, "machine", lambda: machine)
-    variants = {**ALL_VARIANTS, "int8-rowwise-7bit": 1}
+    variants = {**ALL_VARIANTS, "int8-rowwise-avx2": 1}
     variant, reason = variant_choice("cpu", variants, "auto", flags)
-    assert variant == served and ("16 bits" in reason) == (served == "int8-rowwise-7bit")
+    assert variant == served and ("16 bits" in reason) == (served == "int8-rowwise-avx2")
     # CPU_VARIANT still overrides the rule, and says so.
     assert variant_choice("cpu", variants, "int8-rowwise", flags) == (
         "int8-rowwise",
         "CPU_VARIANT=int8-rowwise",
     )
-    # A bundle built before the 7-bit variant: the exact 8-bit one, and /models says why.
+    # A bundle built before the -avx2 variant: the exact 8-bit one, and /models says why.
     old = {v: 1 for v in ALL_VARIANTS}
     variant, reason = variant_choice("cpu", old, "auto", flags)
-    assert variant == "int8-rowwise" and ("lacks" in reason) == (served == "int8-rowwise-7bit")
+    assert variant == "int8-rowwise" and ("lacks" in reason) == (served == "int8-rowwise-avx2")
 
 
 def test_session_threads_never_oversubscribe():

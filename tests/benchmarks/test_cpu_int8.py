@@ -20,7 +20,7 @@ def built(tiny_bundles):
 
 def test_the_served_path_is_batch_invariant_and_close_to_fp32(built):
     cands, cases = built
-    assert [c.name for c in cands] == ["fused", "int8", "int8-rowwise", "int8-rowwise-7bit"]
+    assert [c.name for c in cands] == ["fused", "int8", "int8-rowwise", "int8-rowwise-avx2"]
     case = [c for c in cases if c.name == "batch5_seq7"][0]
     reference = run_session(cands[0].session(1), case.feeds)["logits"]
     for candidate in cands[2:]:

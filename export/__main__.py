@@ -46,8 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=",".join(ALL_VARIANTS),
         help="comma-separated subset of fp32 (plain graph), fused (ORT transformer fusions), "
         "int8-rowwise (INT8 with per-token scales, batch-invariant, CPU), int8-rowwise-avx2 (the same "
-        "with weights whose pairs fit 16-bit sums: exact at INT8 speed on CPUs without VNNI), int8 (ORT dynamic quantization: "
-        "faster, but a row's outputs move with its batch, CPU), fp16 (CUDA); default: all six",
+        "with weights whose pairs fit 16-bit sums: exact at INT8 speed on CPUs without VNNI), int8 (ORT "
+        "dynamic quantization: faster, but a row's outputs move with its batch, CPU), fp16 (CUDA); default: "
+        "all six",
     )
     parser.add_argument(
         "--max-seq-len",

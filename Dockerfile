@@ -3,7 +3,7 @@
 #   docker build -t bert-serving:cpu .                  CPU serving, onnxruntime, no torch (default target)
 #   docker build --target gpu -t bert-serving:gpu .     CUDA 12 + cuDNN 9 runtime, onnxruntime-gpu
 # Both carry the default model bundles in /models, built here by the builder stages (torch, CPU):
-# fp32/fused/int8/int8-rowwise variants for the CPU image, fp32/fp16 for the GPU image.
+# fp32/fused/int8/int8-rowwise/int8-rowwise-avx2 variants for the CPU image, fp32/fp16 for the GPU image.
 # Run: docker run -p 8000:8000 bert-serving:cpu      (mount other bundles with -v DIR:/models:ro)
 ARG PYTHON_VERSION=3.11
 # Where a machine without registry access builds anyway (deploy/podman/README.md): a stand-in base

@@ -24,7 +24,11 @@ class Settings(BaseSettings):
     simulated_batch_ms: float = Field(
         2.0, gt=0, description="DEVICE=simulated: wall time per batch of up to MAX_BATCH_SIZE rows, no CPU"
     )
-    cpu_variant: Literal["int8-rowwise", "int8", "fused", "fp32"] = "int8-rowwise"
+    cpu_variant: Literal["auto", "int8-rowwise", "int8-rowwise-avx2", "int8", "fused", "fp32"] = Field(
+        "auto",
+        description="auto: the fastest exact batch-invariant INT8 variant for this CPU (int8-rowwise with "
+        "VNNI/AMX, int8-rowwise-avx2 without); a name forces that variant",
+    )
     intra_op_threads: int = Field(0, ge=0, description="ORT threads per session; 0 = cores / sessions")
     model_instances: int = Field(
         0,

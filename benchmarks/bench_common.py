@@ -171,7 +171,7 @@ def build_dev_models(tasks: Sequence[str], work: Path = WORK) -> dict[str, tuple
             export_bundle(
                 checkpoint,
                 bundle,
-                variants=("fp32", "fused", "int8", "int8-rowwise"),
+                variants=("fp32", "fused", "int8", "int8-rowwise", "int8-rowwise-avx2"),
                 max_seq_len=DEV_MAX_SEQ_LEN[task],
                 name=f"minilm-{task}-random-head",
                 overwrite=True,

@@ -1,6 +1,9 @@
-"""The batch-invariant INT8 path against ORT's dynamic INT8, side by side in one run
+"""The batch-invariant INT8 variants against ORT's dynamic INT8 and fp32, side by side in one run
 (`python -m benchmarks.cpu_int8 [--quick]`, on .cache/bundles/sst2-minilm); what it measures:
-benchmarks/README.md. Writes benchmarks/results/cpu_int8{,_quick}.*.
+benchmarks/README.md. Every variant opens as the service opens it on this CPU (the exact widening
+kernel where it needs one), and the report names the CPU, its INT8 kernel class and the variant the
+service's rule serves on it. Writes benchmarks/results/cpu_int8{,_quick}.* (`--name` changes the stem:
+`--name cpu_int8_avx2` on an AVX2-only host).
 """
 
 from __future__ import annotations
@@ -17,11 +20,16 @@ from typing import Any
 import numpy as np
 
 from benchmarks import bench_common as common
+from export.int8_precision import cpu_flags
 from export.verify import make_session
 
 TARGET = 1.05  # issue 30: the invariant path <= 1.05x dynamic INT8 at (1,128) and (32,128)
-SHAPES, THREADS = ((1, 128), (32, 128)), (1, 2)
-INT8 = "int8"
+# Issue 44, for an AVX2-only CPU: the served variant at (32, L) >= 1.2x fp32's throughput and >= dynamic
+# INT8's (exact flag included), at (1, L) <= 0.85x fp32's latency (wall time, two threads).
+BATCH_VS_FP32, BATCH_VS_INT8, SINGLE_VS_FP32 = 1.2, 1.0, 0.85
+LENGTHS, THREADS = (43, 128), (1, 2)  # 43: the issue's SST-2 text; 128: issue 30's shapes
+INT8, FP32 = "int8", "fused"
+VARIANTS = (FP32, INT8, "int8-rowwise", "int8-rowwise-avx2")
 
 
 class Candidate:
@@ -35,12 +43,27 @@ class Candidate:
         self.disabled = list(variant.disabled_optimizers or [])
 
     def session(self, threads: int):
-        return make_session(self.path, threads, self.disabled)
+        return make_session(self.path, threads, self.disabled, variant=self.name)
 
 
 def candidates(bundle: Path) -> list[Candidate]:
-    """`fused` (fp32: the accuracy reference, not timed), `int8` and `int8-rowwise`."""
-    return [Candidate(bundle, name) for name in ("fused", INT8, "int8-rowwise")]
+    """`fused` (fp32, the accuracy reference), `int8` and the per-token variants the bundle has."""
+    from export.bundle import load_bundle_manifest
+
+    present = load_bundle_manifest(bundle).variants
+    return [Candidate(bundle, name) for name in VARIANTS if name in present]
+
+
+def cpu_class() -> dict[str, Any]:
+    """This CPU's INT8 kernel class and what the service serves on it (export/int8_precision.py)."""
+    from export.int8_precision import cpu_int8_variant, needs_exact_int8
+
+    served, reason = cpu_int8_variant()
+    pairs = needs_exact_int8()
+    kernel = (
+        "16-bit pair sums (no VNNI/AMX: the AVX2-only class)" if pairs else "32-bit dot products (VNNI/AMX)"
+    )
+    return {"int8_kernel": kernel, "avx2_class": pairs, "served": served, "reason": reason}
 
 
 def feeds(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -136,7 +159,7 @@ def profile(c, batch: int, seq: int, runs: int) -> dict[str, float]:
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.enable_profiling = 1, True
     options.profile_file_prefix = str(common.WORK / "cpu_int8_profile")
-    exact_int8(options)
+    exact_int8(options, variant=c.name)
     cpu = ["CPUExecutionProvider"]
     session = ort.InferenceSession(str(c.path), options, cpu, disabled_optimizers=c.disabled)
     x = feeds(batch, seq)
@@ -156,13 +179,32 @@ def profile(c, batch: int, seq: int, runs: int) -> dict[str, float]:
 
 
 def ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
-    base = {(r["threads"], tuple(r["shape"])): r for r in report["latency"] if r["candidate"] == "int8"}
+    base = {(r["threads"], tuple(r["shape"])): r for r in report["latency"] if r["candidate"] == INT8}
     out = []
     for r in report["latency"]:
         b = base.get((r["threads"], tuple(r["shape"])))
-        if b and r["candidate"] not in ("int8", "fused"):
+        if b and r["candidate"] not in (INT8, FP32):
             cpu, wall = r["cpu_ms"] / b["cpu_ms"], r["wall_ms"] / b["wall_ms"]
             out.append({**r, "cpu_ratio": round(cpu, 3), "wall_ratio": round(wall, 3), "met": cpu <= TARGET})
+    return out
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 44's targets for every per-token variant, two threads, wall time: throughput at (32, L)
+    against fp32 and dynamic INT8, latency at (1, L) against fp32. Binding on an AVX2-only CPU only."""
+    wall = {(r["candidate"], r["threads"], tuple(r["shape"])): r["wall_ms"] for r in report["latency"]}
+    out = []
+    for (name, threads, (batch, seq)), ms in sorted(wall.items()):
+        fp32, int8 = wall.get((FP32, threads, (batch, seq))), wall.get((INT8, threads, (batch, seq)))
+        if threads != 2 or name in (FP32, INT8) or fp32 is None or int8 is None:
+            continue
+        line = {"candidate": name, "shape": [batch, seq], "vs_fp32": round(fp32 / ms, 3)}
+        line["vs_int8"] = round(int8 / ms, 3)
+        if batch == 1:
+            line["met"] = ms / fp32 <= SINGLE_VS_FP32
+        else:
+            line["met"] = fp32 / ms >= BATCH_VS_FP32 and int8 / ms >= BATCH_VS_INT8
+        out.append(line)
     return out
 
 
@@ -187,11 +229,32 @@ def markdown(report: dict[str, Any]) -> str:
         for name, v in q.items()
         if isinstance(v, dict)
     ]
+    cls = report["cpu_class"]
+    fp32 = {(r["threads"], tuple(r["shape"])): r for r in latency if r["candidate"] == FP32}
+    goals = [
+        [t["candidate"], tuple(t["shape"]), f"{t['vs_fp32']:.3f}×", f"{t['vs_int8']:.3f}×"]
+        + ["yes" if t["met"] else "no"]
+        for t in report["targets"]
+    ]
+    binding = (
+        "This CPU is of the AVX2-only class: these rows are the issue's AVX2 rows."
+        if cls["avx2_class"]
+        else "This CPU has 32-bit INT8 dot products, **not** the AVX2-only class: these rows are this CPU's, "
+        "not AVX2 rows (on it both per-token variants run the same fast kernel)."
+    )
     lines = [
-        "# The batch-invariant INT8 path against dynamic INT8 (MiniLM classify default)",
+        "# The batch-invariant INT8 variants against dynamic INT8 and fp32 (MiniLM classify default)",
         f"\nGenerated {report['created_at']} by `{report['command']}`.\n",
         f"- Machine: {common.machine_line(report['machine'])}",
+        f"- CPU flags (lscpu): {' '.join(report['machine'].get('flags', [])) or 'unknown'}",
+        f"- INT8 kernel: {cls['int8_kernel']}; the service serves `{cls['served']}` here ({cls['reason']})",
         f"- Load average at start / end: {load['start']} / {load['end']} (other work shares these cores)",
+        "\n## Issue 44's targets: the per-token variants against fp32 and dynamic INT8, two threads, wall\n",
+        f"{binding} Targets: at (32, L) ≥ {BATCH_VS_FP32}× fp32's throughput and ≥ {BATCH_VS_INT8}× dynamic "
+        f"INT8's; at (1, L) ≤ {SINGLE_VS_FP32}× fp32's latency (\"vs\": the other's time / this one's).\n",
+        *table("candidate,shape,vs fp32,vs dynamic INT8,met".split(","), goals),
+        "\nfp32 (`fused`) wall ms, two threads: "
+        + ", ".join(f"{k[1]} {v['wall_ms']:.2f}" for k, v in sorted(fp32.items()) if k[0] == 2),
         f"\n## Ratio to `int8` (ORT dynamic): target ≤ {TARGET}× in CPU time\n",
         "CPU time per run: one thread, the calling thread's (ORT computes there); two threads, the "
         "process's. Wall: medians of the same alternating blocks.\n",
@@ -218,7 +281,7 @@ def markdown(report: dict[str, Any]) -> str:
 def plot(report: dict[str, Any], path: Path) -> None:
     rows = report["ratios"]
     names = list(dict.fromkeys(r["candidate"] for r in rows))
-    groups = [(t, s) for t in THREADS for s in SHAPES]
+    groups = sorted({(r["threads"], tuple(r["shape"])) for r in rows})
     fig, ax = common.pyplot().subplots(figsize=(9, 4))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
@@ -235,28 +298,36 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=Path, default=common.default_bundle("classify"))
     parser.add_argument("--data", type=Path, default=common.ROOT.parent / "shared" / "data")
+    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="sequence lengths L")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--block", type=int, default=8)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--name", default=None, help="results stem (default cpu_int8, cpu_int8_quick)")
     parser.add_argument("--out", type=Path, default=common.RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.block = 2, 2
+    lengths = [int(n) for n in args.lengths.split(",")]
+    shapes = [(batch, seq) for seq in lengths for batch in (1, 32)]
     start = list(os.getloadavg())
     cands = candidates(args.bundle)
-    timed = [c for c in cands if c.name != "fused"]
     report: dict[str, Any] = {"created_at": common.now(), "command": common.command("cpu_int8", argv)}
-    report["machine"] = common.machine_info()
+    report["machine"] = common.machine_info() | {"flags": sorted(cpu_flags())}
+    report["cpu_class"] = cpu_class()
+    print(json.dumps(report["cpu_class"]), flush=True)
     print("quality", flush=True)
     report["quality"] = quality(cands, args.bundle, args.data, args.quick)
-    report["latency"] = [r for t in THREADS for r in latency(timed, SHAPES, t, args.rounds, args.block)]
-    report["ratios"] = ratios(report)
-    runs = {(1, 128): 3 if args.quick else 30, (32, 128): 1 if args.quick else 3}
+    report["latency"] = [r for t in THREADS for r in latency(cands, shapes, t, args.rounds, args.block)]
+    report["ratios"], report["targets"] = ratios(report), targets(report)
+    runs = {1: 3 if args.quick else 30, 32: 1 if args.quick else 3}
+    timed = [c for c in cands if c.name != FP32]
     report["profiles"] = {
-        f"({b},{s})": {c.name: profile(c, b, s, runs[(b, s)]) for c in timed} for b, s in SHAPES
+        f"({b},{s})": {c.name: profile(c, b, s, runs[b]) for c in timed}
+        for b, s in shapes
+        if s == max(lengths)
     }
     report["load_average"] = {"start": start, "end": list(os.getloadavg())}
-    stem = "cpu_int8_quick" if args.quick else "cpu_int8"
+    stem = args.name or ("cpu_int8_quick" if args.quick else "cpu_int8")
     common.write_results(args.out, stem, report, markdown(report), lambda p: plot(report, p))
     return 0
 

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__)
     p.add_argument("--bundle", type=Path, default=common.ROOT / ".cache" / "bundles" / "all-minilm-l6-v2")
     p.add_argument("--reference", default="minilm", help="the sentence-transformers folder of the bundle")
-    p.add_argument("--variants", default="fp32,int8-rowwise")
+    p.add_argument("--variants", default="fp32,int8-rowwise,int8-rowwise-avx2")
     args = p.parse_args(argv)
     manifest, machine = load_bundle_manifest(args.bundle), common.machine_info()
     sentences = varied_sentences(args.data)

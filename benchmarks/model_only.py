@@ -54,7 +54,7 @@ class BundleModel:
         path = self.manifest.variant_path(self.path, variant)
         disabled = self.manifest.variants[variant].disabled_optimizers  # as the server loads it
         self.runtimes = [
-            create_runtime(path, device, self.threads, disabled_optimizers=disabled)
+            create_runtime(path, device, self.threads, disabled_optimizers=disabled, variant=variant)
             for _ in range(max(1, instances))
         ]
         self.runtime, self.task = self.runtimes[0], self.manifest.task

@@ -241,7 +241,7 @@ class OrtModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads  # 0: ONNX Runtime's default, every core
         # The same exact INT8 kernels as ours on a CPU without VNNI: the same computation, compared.
-        exact_int8(options)
+        exact_int8(options, variant=self.variant)
         extra = {"disabled_optimizers": info.disabled_optimizers} if info.disabled_optimizers else {}
         path = str(Path(bundle) / info.file)
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"], **extra)

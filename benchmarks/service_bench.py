@@ -27,8 +27,11 @@ from benchmarks import bench_common as common
 from benchmarks import loadgen, peer_envs, service_report
 from benchmarks.loadgen_payloads import BASE, PATHS, SENTENCES, from_wire, make_payload, to_wire
 from export.bundle import MANIFEST_NAME
+from export.int8_precision import cpu_int8_variant
 
-VARIANT = "int8-rowwise"  # what our server and the plain ORT floor run, and the bare model
+# What our server (CPU_VARIANT=auto's choice on this CPU: int8-rowwise-avx2 without VNNI), the plain
+# ORT floor and the bare model run.
+VARIANT = cpu_int8_variant()[0]
 ENDPOINTS = ("classify", "qa", "embed")
 # name -> (endpoints, protocol, peer environment, what it is)
 SERVERS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {

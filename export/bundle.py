@@ -28,7 +28,14 @@ DEFAULT_QA = {"doc_stride": 128, "max_query_len": 64, "max_answer_len": 30}
 # Whether a row's outputs are the same alone and in any batch (export checks it, /models states
 # it). ORT's dynamic INT8 takes one activation scale over the whole batch, padding included;
 # CUDA kernels may pick other algorithms by shape, so fp16 makes no promise.
-BATCH_INVARIANT = {"fp32": True, "fused": True, "int8-rowwise": True, "int8": False, "fp16": None}
+BATCH_INVARIANT = {
+    "fp32": True,
+    "fused": True,
+    "int8-rowwise": True,
+    "int8-rowwise-avx2": True,
+    "int8": False,
+    "fp16": None,
+}
 
 
 def batch_invariant(variant: str, device: str | None) -> bool | None:
@@ -38,6 +45,8 @@ def batch_invariant(variant: str, device: str | None) -> bool | None:
 
 VARIANT_NOTES = {
     "int8-rowwise": "INT8 with per-token activation scales: a row's outputs do not depend on its batch",
+    "int8-rowwise-avx2": "INT8 with per-token activation scales and weights whose adjacent pairs fit 16-bit "
+    "sums, exact at INT8 speed on CPUs without VNNI: a row's outputs do not depend on its batch",
     "int8": "ORT dynamic INT8, one activation scale per batch: faster, but a row's outputs move "
     "slightly with what shares its batch",
 }

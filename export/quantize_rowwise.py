@@ -16,7 +16,10 @@ zero point per tensor; the per-row part lives in the step, which multiplies the 
 Z is 128 (symmetric) except after GELU, whose outputs lie in [GELU_MIN, max]: there Z = 32 and
 step_r = max(max_r / 223, -GELU_MIN / 32), which gives the positive side 1.75x the codes and
 needs no ReduceMin (nothing clips: GELU is never below GELU_MIN).
-Weights are int8, symmetric, one scale per output column.
+Weights are int8, symmetric, one scale per output column, codes in [-127, 127]; with `pair_budget`
+(`int8-rowwise-avx2`) also |w[2j]| + |w[2j+1]| <= pair_budget for every pair of adjacent K rows, so
+the 16-bit pair sums of the non-VNNI x86 kernels cannot saturate (export/int8_precision.py) and those
+run it exactly at full speed.
 The per-row division lives in QuantizeLinear's blocked form (opset 21), so the graph's default
 opset is raised to 21 (`upgrade_opset`). Every op here is one pass over the activation or a
 [..., 1] one: the cost beside dynamic INT8 is benchmarks/cpu_int8.py's `profile`.
@@ -43,7 +46,7 @@ import numpy as np
 
 MS_DOMAIN = "com.microsoft"
 ZERO_POINT = 128  # uint8 code of 0.0: symmetric activations on the u8 x s8 kernels
-QMAX = 127.0
+QMAX = 127.0  # activation codes each side of the zero point, and the int8 weights' range
 GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
 # Chosen on the defaults' validation data among 128 (symmetric), 16 and 32: benchmarks/cpu_int8.md.
 GELU_ZERO_POINT = 32
@@ -64,17 +67,41 @@ TOOL = "export.quantize_rowwise: per-token symmetric uint8 activations, per-colu
 BEHAVIOUR = "per-token activation scales: a row's outputs do not depend on what shares its batch"
 
 
-def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 codes and fp32 scales, one per output column, symmetric: weight ~= codes * scales."""
-    scales = (np.maximum(np.abs(weight).max(axis=0), TINY) / QMAX).astype(np.float32)
-    return np.clip(np.rint(weight / scales), -QMAX, QMAX).astype(np.int8), scales
+def quantize_weight(weight: np.ndarray, pair_budget: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """int8 codes and fp32 scales, one per output column, symmetric: weight ~= codes * scales. With
+    `pair_budget`, each column's scale also fits its largest |w[2j]| + |w[2j+1]| into the budget, and
+    a pair that rounding pushed over it gives up one step on its larger code."""
+    k, n = weight.shape
+    scales = np.abs(weight).max(axis=0) / QMAX
+    if pair_budget is not None:
+        pairs = np.abs(np.concatenate([weight, np.zeros((k % 2, n), weight.dtype)]))  # [K (even), N]
+        scales = np.maximum(scales, (pairs[0::2] + pairs[1::2]).max(axis=0) / pair_budget)
+    scales = np.maximum(scales, TINY / QMAX).astype(np.float32)
+    codes = np.clip(np.rint(weight / scales), -QMAX, QMAX).astype(np.int32)
+    if pair_budget is not None:
+        padded = np.concatenate([codes, np.zeros((k % 2, n), np.int32)])  # [K (even), N]
+        even, odd = padded[0::2], padded[1::2]  # views: [K/2, N] each
+        over = np.abs(even) + np.abs(odd) > pair_budget  # by one step at most (each code rounds by 1/2)
+        odd_larger = np.abs(odd) > np.abs(even)
+        even -= np.sign(even) * (over & ~odd_larger)
+        odd -= np.sign(odd) * (over & odd_larger)
+        codes = padded[:k]
+    return codes.astype(np.int8), scales
 
 
 class _Rewriter:
-    def __init__(self, graph, outliers=None, float_after_gelu: bool = False, stages: frozenset = STAGES):
+    def __init__(
+        self,
+        graph,
+        outliers=None,
+        float_after_gelu: bool = False,
+        stages: frozenset = STAGES,
+        pair_budget: int | None = None,
+    ):
         from onnx import numpy_helper
 
         self.stages = stages
+        self.pair_budget = pair_budget
         self.outliers = outliers or {}  # quantized input -> channels kept fp32
         self.gathered: dict[str, str] = {}  # quantized input -> its outlier channels
         self.float_after_gelu = float_after_gelu
@@ -180,7 +207,7 @@ class _Rewriter:
         if self.float_after_gelu and self.producers.get(x) in GELU_OPS:
             return self.float_matmul(x, weight, output)
         codes, scale, zero_point = self.quantize_rows(x, weight.shape[0])
-        w_codes, w_scales = quantize_weight(weight)
+        w_codes, w_scales = quantize_weight(weight, self.pair_budget)
         inputs = [
             codes,
             self.const("w", w_codes),
@@ -345,14 +372,18 @@ def quantize_rowwise(
     outliers: dict[str, np.ndarray] | None = None,
     float_after_gelu: bool = False,
     stages: frozenset = STAGES,
+    pair_budget: int | None = None,
 ) -> dict[str, Any]:
     """Rewrite the fp32 graph `src` (fused or not) into the per-token INT8 graph `dst`; returns the
-    report. `outliers` and `float_after_gelu`: see the module's docstring; `stages`: STAGES."""
+    report. `outliers` and `float_after_gelu`: see the module's docstring; `stages`: STAGES;
+    `pair_budget`: the largest |w[2j]| + |w[2j+1]| of the int8 weights (None: no bound but 127 each)."""
     import onnx
 
+    if pair_budget is not None and pair_budget < 1:
+        raise ValueError(f"pair_budget must be positive, got {pair_budget}")
     model = onnx.load(str(src))
     upgrade_opset(model)
-    replaced = _Rewriter(model.graph, outliers, float_after_gelu, stages).rewrite()
+    replaced = _Rewriter(model.graph, outliers, float_after_gelu, stages, pair_budget).rewrite()
     if not replaced:
         raise ValueError(f"{src.name} has no MatMul with a constant weight and no Attention node to quantize")
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):
@@ -373,4 +404,5 @@ def quantize_rowwise(
         },
         "float_after_gelu": float_after_gelu,
         "stages": sorted(stages),
+        "weight_pair_budget": pair_budget,
     }

@@ -133,15 +133,17 @@ def max_abs_diff(
     return diffs
 
 
-def make_session(model: Path | bytes, threads: int = 0, disabled_optimizers: Sequence[str] = ()):
+def make_session(
+    model: Path | bytes, threads: int = 0, disabled_optimizers: Sequence[str] = (), variant: str | None = None
+):
     """A CPU session on an ONNX file (or serialized model), with a bundle variant's
-    disabled_optimizers when given."""
+    disabled_optimizers when given, on the INT8 kernel the service takes for `variant`."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
-    exact_int8(options)  # as the service opens it: exact INT8 on every CPU
+    exact_int8(options, variant=variant)  # as the service opens it: exact INT8 on every CPU
     extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
     source = model if isinstance(model, bytes) else str(model)
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"], **extra)

@@ -105,6 +105,7 @@ def model_info(registry: Registry, model: Model) -> ModelInfo:
             precision=manifest.variants[bundle.variant].precision if bundle.variant else None,
             batch_invariant=batch_invariant(bundle.variant, bundle.device) if bundle.variant else None,
             variant_note=VARIANT_NOTES.get(bundle.variant) if bundle.variant else None,
+            variant_reason=bundle.variant_reason,
             device=bundle.device,
             execution_provider=runtime.provider if runtime else None,
             providers=runtime.providers if runtime else [],

@@ -194,6 +194,7 @@ class FrontTable(ModelTable):
 def _copy_facts(bundle: Bundle, facts: wire.VersionFacts) -> None:
     """The engine's facts of the version, for /models: the sessions and batcher are the engine's."""
     bundle.variant, bundle.device, bundle.threads = facts.variant, facts.device, facts.threads
+    bundle.variant_reason = facts.variant_reason
     bundle.load_seconds, bundle.memory_bytes = facts.load_seconds, facts.memory_bytes
     bundle.runtime = SimpleNamespace(
         provider=facts.provider,

@@ -68,6 +68,10 @@ class ModelInfo(BaseModel):
         None, description="Whether a request's outputs are the same alone and in any batch (null: unknown)"
     )
     variant_note: str | None = None
+    variant_reason: str | None = Field(
+        None,
+        description="Why this variant: CPU_VARIANT, or the one exact at full speed on this CPU's INT8 kernel",
+    )
     device: str | None = None
     execution_provider: str | None = None
     providers: list[str] = Field(default_factory=list)

@@ -161,6 +161,7 @@ class ModelControl:
                 "replaced": old.version if old else None,
                 "task": bundle.task,
                 "variant": bundle.variant,
+                "variant_reason": bundle.variant_reason,
                 "provider": bundle.runtime.provider if bundle.runtime else None,
                 "threads": bundle.threads,
                 "instances": bundle.runtime.instances if bundle.runtime else None,

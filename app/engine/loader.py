@@ -27,7 +27,7 @@ from tokenizers.implementations import BertWordPieceTokenizer
 from app.engine.protocol import Item
 from app.engine.reduce import Work, batch_functions
 from app.engine.repository import VersionDir, manifest_digest
-from app.engine.runtime import RuntimeConfigError, RuntimePool, SessionTuning, choose_variant, create_runtime
+from app.engine.runtime import RuntimeConfigError, RuntimePool, SessionTuning, create_runtime, variant_choice
 from app.engine.simulated import SimulatedRuntime
 from app.engine.table import Bundle
 from app.errors import MemoryLimitExceeded
@@ -92,7 +92,7 @@ def build(
         source.model, source.version, source.path, manifest, manifest_digest(source.path), source.signature
     )
     bundle.device = plan.device
-    bundle.variant = choose_variant(plan.device, manifest.variants, cpu_variant)
+    bundle.variant, bundle.variant_reason = variant_choice(plan.device, manifest.variants, cpu_variant)
     weights = manifest.variants[bundle.variant].bytes * plan.sessions
     if room is not None and weights > room:
         raise MemoryLimitExceeded(
@@ -122,6 +122,7 @@ def build(
                 disabled=variant.disabled_optimizers,
                 data=model_bytes,
                 empty=empty,
+                variant=bundle.variant,
             )
             solo = None
             if plan.solo_threads:
@@ -191,6 +192,7 @@ def open_session(
     disabled: list[str],
     data: bytes,
     empty: str,
+    variant: str | None = None,
 ) -> Any:
     """One session from the verified bytes; external data is looked for only in the empty `empty`."""
     try:
@@ -202,6 +204,7 @@ def open_session(
             disabled_optimizers=disabled,
             model_bytes=data,
             external_data_dir=empty,
+            variant=variant,
         )
     except RuntimeConfigError:
         raise

@@ -47,6 +47,7 @@ def table_of(registry: Registry, serial: int) -> wire.Table:
                 path=str(bundle.path),
                 digest=bundle.digest,
                 variant=bundle.variant,
+                variant_reason=bundle.variant_reason,
                 device=bundle.device,
                 threads=bundle.threads,
                 load_seconds=bundle.load_seconds,

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from export.int8_precision import exact_int8
+from export.int8_precision import cpu_int8_variant, exact_int8
 
 log = logging.getLogger("app.runtime")
 
 CUDA_EP = "CUDAExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
-CPU_VARIANT_ORDER = ("int8-rowwise", "int8", "fused", "fp32")
+CPU_VARIANT_ORDER = ("int8-rowwise", "int8-rowwise-avx2", "int8", "fused", "fp32")
 CUDA_VARIANT_ORDER = ("fp16", "fp32")
 
 
@@ -55,24 +55,43 @@ def resolve_device(requested: str, available_providers: list[str]) -> str:
     return "cuda" if has_cuda else "cpu"
 
 
-def choose_variant(device: str, variants: Mapping[str, Any], cpu_variant: str = "int8-rowwise") -> str:
-    """FP16 on GPU; CPU_VARIANT (then int8-rowwise > int8 > fused > fp32) on CPU. Falls back loudly,
-    never silently."""
+def variant_preference(
+    device: str, cpu_variant: str = "auto", flags: set[str] | None = None
+) -> tuple[str, str]:
+    """The variant to serve and why: FP16 on GPU; on CPU, CPU_VARIANT, or with "auto" the fastest exact
+    batch-invariant one for this CPU's INT8 kernel, fixed by its flags (`flags`: injected in tests)."""
     if device == "cuda":
-        order: tuple[str, ...] = CUDA_VARIANT_ORDER
-    else:
-        order = (cpu_variant, *[v for v in CPU_VARIANT_ORDER if v != cpu_variant])
+        return CUDA_VARIANT_ORDER[0], "fp16 on CUDA"
+    if cpu_variant != "auto":
+        return cpu_variant, f"CPU_VARIANT={cpu_variant}"
+    return cpu_int8_variant(flags=flags)
+
+
+def variant_choice(
+    device: str, variants: Mapping[str, Any], cpu_variant: str = "auto", flags: set[str] | None = None
+) -> tuple[str, str]:
+    """The variant to serve from `variants` and why (/models and the log say it):
+    `variant_preference`, then (int8-rowwise > int8-rowwise-avx2 > int8 > fused > fp32 on CPU,
+    fp16 > fp32 on GPU) where a bundle lacks it. Falls back loudly, never silently."""
+    preferred, reason = variant_preference(device, cpu_variant, flags)
+    rest = CUDA_VARIANT_ORDER if device == "cuda" else CPU_VARIANT_ORDER
+    order = list(dict.fromkeys((preferred, *rest)))
     for variant in order:
+        if variant == preferred and variant in variants:
+            return variant, reason
         if variant in variants:
-            if variant != order[0]:
-                log.warning(
-                    "preferred variant missing, using another",
-                    extra={"device": device, "preferred": order[0], "variant": variant},
-                )
-            return variant
-    raise RuntimeConfigError(
-        f"bundle has variants {sorted(variants)}; none of {list(order)} can run on {device}"
-    )
+            log.warning(
+                "preferred variant missing, using another",
+                extra={"device": device, "preferred": preferred, "reason": reason, "variant": variant},
+            )
+            return variant, f"{reason}; the bundle lacks {preferred}"
+    raise RuntimeConfigError(f"bundle has variants {sorted(variants)}; none of {order} can run on {device}")
+
+
+def choose_variant(
+    device: str, variants: Mapping[str, Any], cpu_variant: str = "auto", flags: set[str] | None = None
+) -> str:
+    return variant_choice(device, variants, cpu_variant, flags)[0]
 
 
 def providers_for(device: str) -> list[Any]:
@@ -276,7 +295,7 @@ class RuntimePool:
                 self._returned.notify()
 
 
-def session_options(threads: int, tuning: SessionTuning = SessionTuning()) -> Any:
+def session_options(threads: int, tuning: SessionTuning = SessionTuning(), variant: str | None = None) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -286,7 +305,7 @@ def session_options(threads: int, tuning: SessionTuning = SessionTuning()) -> An
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.enable_mem_pattern = tuning.mem_pattern
     options.enable_cpu_mem_arena = tuning.cpu_arena
-    exact_int8(options)  # INT8 answers alike on every CPU (export/int8_precision.py)
+    exact_int8(options, variant=variant)  # INT8 answers alike on every CPU (export/int8_precision.py)
     if not tuning.spinning:
         # Several sessions share the cores: idle threads spinning would steal them from each other.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -317,9 +336,11 @@ def create_runtime(
     disabled_optimizers: Sequence[str] = (),
     model_bytes: bytes | None = None,
     external_data_dir: str | None = None,
+    variant: str | None = None,
 ) -> OrtRuntime:
     """One InferenceSession on `device` ('cpu' | 'cuda', already resolved); verifies the provider.
-    `disabled_optimizers` comes from the bundle's variant entry (see export/pipeline.py).
+    `disabled_optimizers` comes from the bundle's variant entry (see export/pipeline.py); `variant`
+    decides whether INT8 needs the exact widening kernel on this CPU.
 
     With `model_bytes` (the file's verified contents) the session is made from them, not from the
     file, and ONNX Runtime looks for external data only in `external_data_dir` (the loader passes
@@ -329,7 +350,7 @@ def create_runtime(
 
         session_factory = ort.InferenceSession
     extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
-    options = session_options(threads, tuning)
+    options = session_options(threads, tuning, variant)
     if external_data_dir is not None:
         folder = "session.model_external_initializers_file_folder_path"
         options.add_session_config_entry(folder, external_data_dir)

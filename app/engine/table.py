@@ -45,6 +45,7 @@ class Bundle:
     digest: str = ""
     signature: tuple = ()  # the files it was loaded from (repository.VersionDir.signature)
     variant: str | None = None
+    variant_reason: str | None = None  # why this variant (app.engine.runtime.variant_choice)
     device: str | None = None
     threads: int | None = None
     tokenizer: TextTokenizer | None = None

@@ -110,6 +110,7 @@ class VersionFacts:
     solo_threads: int | None
     max_batch_tokens: int | None
     max_padding_factor: float | None
+    variant_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,11 @@ async def test_health_models_and_metrics(models_dir):
         models = {m["task"]: m for m in (await client.get("/models")).json()["models"]}
         assert set(models) == set(TASKS)
         for m in models.values():
-            assert m["status"] == "ready" and m["variant"] == "int8-rowwise" and m["precision"] == "int8"
+            assert (
+                m["status"] == "ready"
+                and m["variant"].startswith("int8-rowwise")
+                and m["precision"] == "int8"
+            )
             assert m["batch_invariant"] is True and "per-token" in m["variant_note"]
             assert m["execution_provider"] == "CPUExecutionProvider" and m["device"] == "cpu"
             assert m["max_seq_len"] == MAX_SEQ_LEN and m["limits"]["max_batch_size"] == 32
@@ -167,6 +171,28 @@ async def test_health_models_and_metrics(models_dir):
         assert 'bert_batch_size_count{model="qa",task="qa"}' in text
         assert 'bert_queue_depth{model="qa",task="qa"} 0.0' in text
         assert "# TYPE bert_rejected_total counter" in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "served"),
+    [
+        ({"avx2", "avx512f", "avx512bw", "avx512_vnni"}, "int8-rowwise"),
+        ({"avx", "avx2", "fma"}, "int8-rowwise-avx2"),
+    ],
+)
+async def test_models_serves_and_names_the_variant_for_the_cpu(models_dir, monkeypatch, flags, served):
+    """CPU_VARIANT=auto on a VNNI CPU and on an AVX2-only one (flags injected): /models names the
+    variant and why, and the -avx2 one answers on the fast kernel (no widening kernel asked)."""
+    from export import int8_precision
+
+    monkeypatch.setattr(int8_precision.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(int8_precision, "cpu_flags", lambda cpuinfo=None: set(flags))
+    async with serving(models_dir) as (app, client):
+        models = (await client.get("/models")).json()["models"]
+        assert {m["variant"] for m in models} == {served}
+        assert all(m["batch_invariant"] is True and m["variant_reason"] for m in models)
+        assert all(("16 bits" in m["variant_reason"]) == served.endswith("avx2") for m in models)
+        assert (await client.post("/classify", json={"text": TEXT})).status_code == 200
 
 
 async def test_cpu_variant_setting_picks_the_variant(models_dir):

@@ -63,9 +63,10 @@ async def test_the_service_matches_sentence_transformers_on_its_folder(tmp_path)
     from export import export_bundle
 
     folder = st_folder(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
-    export_bundle(folder, tmp_path / "models" / "st-mini", variants=("fp32", "int8-rowwise"))
+    rowwise = ("int8-rowwise", "int8-rowwise-avx2")
+    export_bundle(folder, tmp_path / "models" / "st-mini", variants=("fp32", *rowwise))
     reference = st.SentenceTransformer(str(folder), device="cpu").encode(SENTENCES)
-    for variant, bound in (("fp32", 0.99999), ("int8-rowwise", 0.999)):
+    for variant, bound in (("fp32", 0.99999), *((v, 0.999) for v in rowwise)):
         async with serving(tmp_path / "models", cpu_variant=variant) as (_, client):
             got = np.asarray((await embed(client, {"inputs": SENTENCES})).json())
         assert cosines(got, reference).min() >= bound, (variant, cosines(got, reference))
@@ -198,8 +199,8 @@ DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / ".cache" / "bundles" / "a
 @pytest.mark.slow
 async def test_the_minilm_default_matches_sentence_transformers(tmp_path):
     """The real default, served: within cosine 0.99999 of sentence-transformers in fp32 and 0.999 in
-    int8-rowwise on the crafted texts (one word, other scripts, emoji, code, texts beyond 256
-    tokens); benchmarks/results/embed_quality.md measures 200 texts."""
+    the per-token INT8 variants on the crafted texts (one word, other scripts, emoji, code, texts
+    beyond 256 tokens); benchmarks/results/embed_quality.md measures 200 texts."""
     st = pytest.importorskip("sentence_transformers")
     if not (DEFAULT_BUNDLE / "bundle.json").exists():
         pytest.skip(f"{DEFAULT_BUNDLE} is not built (python -m export.defaults --out .cache/bundles)")
@@ -209,7 +210,7 @@ async def test_the_minilm_default_matches_sentence_transformers(tmp_path):
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / DEFAULT_BUNDLE.name).symlink_to(DEFAULT_BUNDLE, target_is_directory=True)
     reference = st.SentenceTransformer(str(minilm_package_dir()), device="cpu").encode(CRAFTED)
-    for variant, bound in (("fp32", 0.99999), ("int8-rowwise", 0.999)):
+    for variant, bound in (("fp32", 0.99999), ("int8-rowwise", 0.999), ("int8-rowwise-avx2", 0.999)):
         async with serving(tmp_path / "models", cpu_variant=variant) as (_, client):
             got = np.asarray((await embed(client, {"inputs": CRAFTED})).json())
             alone = [(await embed(client, {"inputs": text})).json()[0] for text in CRAFTED[:8]]

@@ -33,10 +33,14 @@ def test_resolve_device():
         resolve_device("tpu", [CPU_EP])
 
 
+VNNI = {"avx2", "avx512f", "avx512bw", "avx512_vnni"}
+AVX2_ONLY = {"avx", "avx2", "fma"}
+
+
 def test_choose_variant():
     assert choose_variant("cuda", ALL_VARIANTS) == "fp16"
-    assert choose_variant("cpu", ALL_VARIANTS) == "int8-rowwise"  # batch-invariant by default
-    assert choose_variant("cpu", ALL_VARIANTS, cpu_variant="int8") == "int8"  # the opt-in
+    assert choose_variant("cpu", ALL_VARIANTS, flags=VNNI) == "int8-rowwise"  # batch-invariant by default
+    assert choose_variant("cpu", ALL_VARIANTS, cpu_variant="int8", flags=VNNI) == "int8"  # the opt-in
     assert choose_variant("cpu", ALL_VARIANTS, cpu_variant="fused") == "fused"
     assert choose_variant("cpu", ALL_VARIANTS, cpu_variant="fp32") == "fp32"
     # Missing preferred variants fall back in a fixed order (and log a warning).
@@ -45,6 +49,37 @@ def test_choose_variant():
     assert choose_variant("cpu", {"fp32": 1, "int8": 1}) == "int8"  # a bundle from before int8-rowwise
     with pytest.raises(RuntimeConfigError, match="none of"):
         choose_variant("cuda", {"int8": 1})  # int8 (MatMulInteger) is a CPU-only variant
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "served"),
+    [
+        ("x86_64", VNNI, "int8-rowwise"),  # 32-bit dot products: 8-bit weights are exact and fast
+        ("x86_64", {"avx2", "avx_vnni"}, "int8-rowwise"),
+        ("x86_64", {"avx2", "amx_int8"}, "int8-rowwise"),
+        ("x86_64", AVX2_ONLY, "int8-rowwise-avx2"),  # 16-bit pair sums: pair-budget weights
+        ("x86_64", {"avx2", "avx512f", "avx512bw"}, "int8-rowwise-avx2"),  # AVX-512 without VNNI
+        ("aarch64", {"asimd"}, "int8-rowwise"),
+    ],
+)
+def test_auto_serves_the_fastest_exact_variant_for_the_cpu(monkeypatch, machine, flags, served):
+    """CPU_VARIANT=auto (the default) by the CPU's flags, injected: both branches on any CPU."""
+    from app.engine.runtime import variant_choice
+    from export import int8_precision
+
+    monkeypatch.setattr(int8_precision.platform, "machine", lambda: machine)
+    variants = {**ALL_VARIANTS, "int8-rowwise-avx2": 1}
+    variant, reason = variant_choice("cpu", variants, "auto", flags)
+    assert variant == served and ("16 bits" in reason) == (served == "int8-rowwise-avx2")
+    # CPU_VARIANT still overrides the rule, and says so.
+    assert variant_choice("cpu", variants, "int8-rowwise", flags) == (
+        "int8-rowwise",
+        "CPU_VARIANT=int8-rowwise",
+    )
+    # A bundle built before the -avx2 variant: the exact 8-bit one, and /models says why.
+    old = {v: 1 for v in ALL_VARIANTS}
+    variant, reason = variant_choice("cpu", old, "auto", flags)
+    assert variant == "int8-rowwise" and ("lacks" in reason) == (served == "int8-rowwise-avx2")
 
 
 def test_session_threads_never_oversubscribe():

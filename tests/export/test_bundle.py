@@ -29,7 +29,7 @@ def test_manifest_describes_the_task(bundles, task):
     assert manifest.input_names == ["input_ids", "attention_mask", "token_type_ids"]
     expected_outputs = ["start_logits", "end_logits"] if task == "qa" else ["logits"]
     assert manifest.output_names == expected_outputs
-    assert set(manifest.variants) == {"fp32", "fused", "int8", "int8-rowwise", "fp16"}
+    assert set(manifest.variants) == {"fp32", "fused", "int8", "int8-rowwise", "int8-rowwise-avx2", "fp16"}
     assert {v.intended_device for v in manifest.variants.values()} == {"any", "cpu", "cuda"}
     assert "vocab.txt" in manifest.tokenizer_files and "tokenizer_config.json" in manifest.tokenizer_files
     assert manifest.do_lower_case is True
@@ -50,7 +50,7 @@ def test_manifest_describes_the_task(bundles, task):
         assert manifest.qa_defaults is None
 
 
-@pytest.mark.parametrize("variant", ["fp32", "fused", "int8", "int8-rowwise", "fp16"])
+@pytest.mark.parametrize("variant", ["fp32", "fused", "int8", "int8-rowwise", "int8-rowwise-avx2", "fp16"])
 def test_intact_bundle_verifies(bundles, variant):
     manifest = load_bundle_manifest(bundles["classify"])
     verify_bundle_files(bundles["classify"], manifest, variant)

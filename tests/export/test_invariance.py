@@ -38,23 +38,29 @@ def mixed_batches(task: str, vocab_size: int, seed: int = 0) -> list[dict[str, n
 def invariance(bundle, variant: str) -> dict:
     manifest = load_bundle_manifest(bundle)
     info = manifest.variants[variant]
-    session = make_session(bundle / info.file, disabled_optimizers=info.disabled_optimizers)
+    session = make_session(bundle / info.file, disabled_optimizers=info.disabled_optimizers, variant=variant)
     vocab = len((bundle / "vocab.txt").read_text().splitlines())
     batches = mixed_batches(manifest.task, vocab)
     return batch_invariance(manifest.task, lambda feeds: run_session(session, feeds), batches)
 
 
+ROWWISE = ("int8-rowwise", "int8-rowwise-avx2")  # the defaults on CPUs with and without VNNI
+
+
+@pytest.mark.parametrize("variant", ROWWISE)
 @pytest.mark.parametrize("task", TASKS)
-def test_default_cpu_variant_is_batch_invariant_for_every_task(bundles, task):
+def test_default_cpu_variants_are_batch_invariant_for_every_task(bundles, task, variant):
     manifest = load_bundle_manifest(bundles[task])
-    default = choose_variant("cpu", manifest.variants)
-    assert default == "int8-rowwise"
-    report = invariance(bundles[task], default)
+    assert choose_variant("cpu", manifest.variants) in ROWWISE
+    report = invariance(bundles[task], variant)
     assert report["rows"] == 10
     assert report["max_abs_diff"] <= INVARIANCE_TOLERANCE, report
     # Export checked it too, and recorded what each variant does.
-    assert manifest.verification[default]["batch_invariance"]["invariant"] is True
+    assert manifest.verification[variant]["batch_invariance"]["invariant"] is True
     assert manifest.verification["fused"]["batch_invariance"]["max_abs_diff"] <= INVARIANCE_TOLERANCE
+    # The weight range the variant promises, checked by export and here.
+    peak = manifest.quantization[variant]["int8_pair_peak"]
+    assert peak > 128 if variant == "int8-rowwise" else peak <= 128
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -67,9 +73,11 @@ def test_rows_alone_on_every_core_equal_rows_batched_on_one(bundles, task):
     default = choose_variant("cpu", manifest.variants)
     path = manifest.variant_path(bundles[task], default)
     disabled = manifest.variants[default].disabled_optimizers
-    one = create_runtime(path, "cpu", 1, SessionTuning(spinning=False), disabled_optimizers=disabled)
+    one = create_runtime(
+        path, "cpu", 1, SessionTuning(spinning=False), disabled_optimizers=disabled, variant=default
+    )
     solo = SessionTuning(spinning=True, stop_spinning_after_run=True)
-    every = create_runtime(path, "cpu", 4, solo, disabled_optimizers=disabled)
+    every = create_runtime(path, "cpu", 4, solo, disabled_optimizers=disabled, variant=default)
     vocab = len((bundles[task] / "vocab.txt").read_text().splitlines())
     report = batch_invariance(task, one.run, mixed_batches(task, vocab), every.run)
     assert report["rows"] == 10 and report["max_abs_diff"] <= INVARIANCE_TOLERANCE, report
@@ -210,7 +218,7 @@ def test_export_fails_when_the_invariant_variant_is_not(checkpoints, tmp_path, m
     monkeypatch.setattr(
         pipeline.quantize_rowwise,
         "quantize_rowwise",
-        lambda src, dst: pipeline.quantize.quantize_int8(src, dst),
+        lambda src, dst, **recipe: pipeline.quantize.quantize_int8(src, dst),
     )
     with pytest.raises(VerificationError, match="int8-rowwise is meant to be batch-invariant"):
         export_bundle(checkpoints["classify"], tmp_path / "b", variants=("int8-rowwise",), max_seq_len=32)
@@ -221,19 +229,18 @@ DEFAULT_BUNDLES = Path(__file__).resolve().parents[2] / ".cache" / "bundles"
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("variant", ROWWISE)
 @pytest.mark.parametrize(
     "name",
     ["sst2-minilm", "conll03-minilm", "codah-minilm", "squad-minilm", "all-minilm-l6-v2", "rerank-minilm"],
 )
-def test_the_real_default_bundles_are_batch_invariant(name):
+def test_the_real_default_bundles_are_batch_invariant(name, variant):
     """The six defaults as `make serve` builds them (skipped before they are built)."""
     bundle = DEFAULT_BUNDLES / name
     if not (bundle / "bundle.json").exists():
         pytest.skip(f"{bundle} is not built (python -m export.defaults --out .cache/bundles)")
-    manifest = load_bundle_manifest(bundle)
-    variant = choose_variant("cpu", manifest.variants)
-    if variant != "int8-rowwise":
-        pytest.skip(f"{bundle} predates int8-rowwise: rebuild it with python -m export.defaults")
+    if variant not in load_bundle_manifest(bundle).variants:
+        pytest.skip(f"{bundle} predates {variant}: rebuild it with python -m export.defaults")
     report = invariance(bundle, variant)
     assert report["rows"] == 10 and report["max_abs_diff"] <= INVARIANCE_TOLERANCE, report
 

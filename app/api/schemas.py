@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -398,21 +397,3 @@ class SimilarityResponse(RootModel[list[float]]):
 
     # Response headers the service sets (what happened to long inputs); routes.serve sends them.
     _headers: dict[str, str] = PrivateAttr(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TaskSchemas:
-    """A task's wire types on its native route: the request, and the answers (more than one: the route
-    answers their union, e.g. one text or a batch)."""
-
-    request: type[BaseModel]
-    responses: tuple[type[BaseModel], ...]
-
-
-TASK_SCHEMAS: dict[str, TaskSchemas] = {
-    "classify": TaskSchemas(ClassifyRequest, (ClassifyResult, ClassifyBatchResponse)),
-    "ner": TaskSchemas(NERRequest, (NERResponse,)),
-    "multiple-choice": TaskSchemas(ChoiceRequest, (ChoiceResponse,)),
-    "qa": TaskSchemas(QARequest, (QAResponse,)),
-    "embed": TaskSchemas(EmbedRequest, (EmbedResponse,)),
-}

@@ -10,7 +10,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
     RootModel,
     StrictBool,
     WithJsonSchema,
@@ -329,9 +328,6 @@ class EmbedRequest(EmbedOptions):
 class EmbedResponse(RootModel[list[list[float]]]):
     """One vector per input, in order (TEI's bare list)."""
 
-    # Response headers the service sets (what happened to long inputs); routes.serve sends them.
-    _headers: dict[str, str] = PrivateAttr(default_factory=dict)
-
 
 class OpenAIEmbeddingRequest(EmbedOptions):
     model_config = ConfigDict(
@@ -365,8 +361,6 @@ class OpenAIEmbeddingResponse(BaseModel):
     data: list[EmbeddingData]
     model: str
     usage: EmbeddingUsage
-    # Response headers the service sets (what happened to long inputs); routes.serve sends them.
-    _headers: dict[str, str] = PrivateAttr(default_factory=dict)
 
 
 class SimilarityInputs(Strict):
@@ -394,6 +388,3 @@ class SimilarityRequest(EmbedOptions):
 
 class SimilarityResponse(RootModel[list[float]]):
     """The cosine similarity of the source sentence with each sentence, in order (TEI's bare list)."""
-
-    # Response headers the service sets (what happened to long inputs); routes.serve sends them.
-    _headers: dict[str, str] = PrivateAttr(default_factory=dict)

@@ -27,6 +27,7 @@ from fastapi_offline import FastAPIOffline
 from app.api.admin import router as admin_router
 from app.api.cache import ResponseCache
 from app.api.error_table import install_error_handlers
+from app.api.headers import TEI_HEADERS
 from app.api.middleware import (
     AdmissionMiddleware,
     AuthMiddleware,
@@ -37,7 +38,6 @@ from app.api.middleware import (
 from app.api.remote import FrontTable, RemoteControl, RemoteEngine
 from app.api.routes import open_router, router
 from app.api.serving.services import make_service
-from app.api.serving.task_service import TEI_HEADERS
 from app.api.v2_routes import router as v2_router
 from app.engine.client import Engine
 from app.engine.control import ModelControl

@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"baseline": extract(args.baseline, Path(tmp)), "split": ROOT}
         servers = {
-            name: start(tree, args.models_dir, Path(tmp) / f"{name}.log") for name, tree in trees.items()
+            name: start(tree, args.models_dir.resolve(), Path(tmp) / f"{name}.log")
+            for name, tree in trees.items()
         }
         try:
             for proc, url in servers.values():
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             cell["ratio_rps"] = round(cell["split_rps"] / cell["baseline_rps"], 3)
             summary.append(cell)
     report = {
-        "command": common.command("benchmarks.engine_split", argv if argv is not None else sys.argv[1:]),
+        "command": common.command("engine_split", argv if argv is not None else sys.argv[1:]),
         "baseline": f"{args.baseline} ({baseline})",
         "machine": common.machine_info(),
         "rounds": args.rounds,

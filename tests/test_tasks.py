@@ -21,19 +21,19 @@ def test_the_registry_imports_without_torch_or_the_app() -> None:
 
 def test_the_service_follows_the_registry() -> None:
     from app import settings
-    from app.api import middleware, schemas
+    from app.api import middleware
     from app.api.routes import router
     from app.api.serving import services
 
     assert settings.TASK_NAMES == TASK_NAMES
     assert middleware.TASK_PATHS == TASK_PATHS
-    assert set(services.SERVICES) == set(TASK_NAMES) == set(schemas.TASK_SCHEMAS)
+    assert set(services.SERVICES) == set(TASK_NAMES) == set(services.TASK_SCHEMAS)
     routes = {route.path: route for route in router.routes if getattr(route, "methods", None) == {"POST"}}
     for spec in TASKS.values():
         route = routes[spec.path]
         assert services.SERVICES[spec.name].task == spec.name
         assert route.body_field is not None
-        wire = schemas.TASK_SCHEMAS[spec.name]
+        wire = services.TASK_SCHEMAS[spec.name]
         assert route.body_field.field_info.annotation is wire.request
         replies = getattr(route.response_model, "__args__", None) or (route.response_model,)
         assert set(replies) == set(wire.responses)

@@ -12,7 +12,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
     RootModel,
     StrictBool,
     WithJsonSchema,
@@ -83,7 +82,6 @@ class RerankResponse(RootModel[list[Rank]]):
     """The texts by decreasing score (TEI's bare list)."""
 
     # What happened to long inputs (X-Truncated-Inputs); routes.serve sends them.
-    _headers: dict[str, str] = PrivateAttr(default_factory=dict)
 
 
 # Infinity's own client sends this when the caller names no model.
@@ -141,7 +139,6 @@ class InfinityRerankResponse(BaseModel):
     id: str
     created: int = Field(description="Unix time of the answer")
     # What happened to long inputs (X-Truncated-Inputs); routes.serve sends them.
-    _headers: dict[str, str] = PrivateAttr(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- predict
@@ -232,4 +229,3 @@ class PredictResponse(RootModel[list[Prediction] | list[list[Prediction]]]):
     """Every label by decreasing score; for a batch, one such list per input (TEI's bare lists)."""
 
     # What happened to long inputs (X-Truncated-Inputs, X-Windowed-Inputs); routes.serve sends them.
-    _headers: dict[str, str] = PrivateAttr(default_factory=dict)

@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 
 from app.api.cache import Entry, Key, canonical
 from app.api.error_table import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
+from app.api.headers import long_input_headers, timing_headers
 from app.api.lean_route import LeanRoute
 from app.api.listing import list_models, openai_model_list
 from app.api.middleware import MODEL_SCOPE_KEY, bearer_matches
@@ -163,8 +164,8 @@ async def run_leased(
     timings.observe(state.metrics, bundle.task, bundle.name)
     # Inference (not /tokenize) gets text-embeddings-inference's timing headers too. Raw pairs, one
     # extend: setting them one by one through response.headers scans the list for each.
-    extra = getattr(result, "_headers", None) or {}  # e.g. what happened to long inputs
-    response.raw_headers.extend(timings.raw_headers(tei=task is not None) + answer_headers(bundle, extra))
+    extra = long_input_headers(timings)
+    response.raw_headers.extend(timing_headers(timings, tei=task is not None) + answer_headers(bundle, extra))
     if cache is None:
         return result
     entry = Entry(serialized(request, result), tuple(extra.items()))

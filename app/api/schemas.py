@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -11,7 +10,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
     RootModel,
     StrictBool,
     WithJsonSchema,
@@ -349,9 +347,6 @@ class EmbedRequest(EmbedOptions):
 class EmbedResponse(RootModel[list[list[float]]]):
     """One vector per input, in order (TEI's bare list)."""
 
-    # Response headers the service sets (what happened to long inputs); routes.serve sends them.
-    _headers: dict[str, str] = PrivateAttr(default_factory=dict)
-
 
 class OpenAIEmbeddingRequest(EmbedOptions):
     model_config = ConfigDict(
@@ -385,8 +380,6 @@ class OpenAIEmbeddingResponse(BaseModel):
     data: list[EmbeddingData]
     model: str
     usage: EmbeddingUsage
-    # Response headers the service sets (what happened to long inputs); routes.serve sends them.
-    _headers: dict[str, str] = PrivateAttr(default_factory=dict)
 
 
 class SimilarityInputs(Strict):
@@ -414,24 +407,3 @@ class SimilarityRequest(EmbedOptions):
 
 class SimilarityResponse(RootModel[list[float]]):
     """The cosine similarity of the source sentence with each sentence, in order (TEI's bare list)."""
-
-    # Response headers the service sets (what happened to long inputs); routes.serve sends them.
-    _headers: dict[str, str] = PrivateAttr(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TaskSchemas:
-    """A task's wire types on its native route: the request, and the answers (more than one: the route
-    answers their union, e.g. one text or a batch)."""
-
-    request: type[BaseModel]
-    responses: tuple[type[BaseModel], ...]
-
-
-TASK_SCHEMAS: dict[str, TaskSchemas] = {
-    "classify": TaskSchemas(ClassifyRequest, (ClassifyResult, ClassifyBatchResponse)),
-    "ner": TaskSchemas(NERRequest, (NERResponse,)),
-    "multiple-choice": TaskSchemas(ChoiceRequest, (ChoiceResponse,)),
-    "qa": TaskSchemas(QARequest, (QAResponse,)),
-    "embed": TaskSchemas(EmbedRequest, (EmbedResponse,)),
-}

@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from app.api import schemas
 from app.api.scheduling import MAX_TIMEOUT_MS, priority_of, timeout_ms_of
+from app.api.serving.services import TASK_SCHEMAS
 from app.api.serving.task_service import TaskService, Timings
 from app.api.v2_schemas import V2InferRequest, V2ModelMetadata, V2OutputTensor, V2TensorMetadata
 from app.engine.batch_types import Priority
@@ -169,7 +169,7 @@ def decode(spec: TaskSpec, request: V2InferRequest, max_rows: int) -> Decoded:
         raise TooManyInputs(f"the batch has {rows} rows; the limit is {max_rows} (MAX_BATCH_ITEMS)", "inputs")
     decoded = Decoded(rows=[], outputs=requested_outputs(spec, request))
     options = options_of(spec, request.parameters or {}, decoded)
-    schema: type[BaseModel] = schemas.TASK_SCHEMAS[spec.name].request
+    schema: type[BaseModel] = TASK_SCHEMAS[spec.name].request
     for row in range(rows):
         body = {**options, **{name: values[row] for name, values in given.items()}}
         try:
@@ -181,7 +181,7 @@ def decode(spec: TaskSpec, request: V2InferRequest, max_rows: int) -> Decoded:
 
 def options_of(spec: TaskSpec, parameters: dict[str, Any], decoded: Decoded) -> dict[str, Any]:
     """The request parameters: the schedule into `decoded`, the task's options returned."""
-    schema: type[BaseModel] = schemas.TASK_SCHEMAS[spec.name].request
+    schema: type[BaseModel] = TASK_SCHEMAS[spec.name].request
     accepted = set(schema.model_fields) - NOT_PARAMETERS - {t.name for t in spec.v2.inputs}
     options = {}
     if "timeout_ms" in parameters and "timeout" in parameters:

@@ -24,7 +24,6 @@ from app.api.serving.task_service import (
     Timings,
     check_chars,
     cpu_step,
-    long_input_headers,
     sequence_items,
 )
 from app.engine.protocol import EngineClient
@@ -122,8 +121,8 @@ class EmbedService(TaskService):
         )
 
     @staticmethod
-    def _headers(done: Embedded) -> dict[str, str]:
-        return long_input_headers(done.truncated, done.windows)
+    def _note(done: Embedded, timings: Timings) -> None:
+        timings.truncated, timings.windows = done.truncated, done.windows
 
     async def __call__(self, request: EmbedRequest, timings: Timings) -> EmbedResponse:
         """TEI's /embed."""
@@ -131,7 +130,7 @@ class EmbedService(TaskService):
             fields("inputs", request.inputs), "inputs", request, timings, request.normalize
         )
         reply = EmbedResponse.model_construct(done.vectors.tolist())  # floats already: no validation pass
-        reply._headers = self._headers(done)
+        self._note(done, timings)
         return reply
 
     async def openai(self, request: OpenAIEmbeddingRequest, timings: Timings) -> OpenAIEmbeddingResponse:
@@ -149,7 +148,7 @@ class EmbedService(TaskService):
             model=self.bundle.name,
             usage=EmbeddingUsage(prompt_tokens=done.tokens, total_tokens=done.tokens),
         )
-        reply._headers = self._headers(done)
+        self._note(done, timings)
         return reply
 
     async def similarity(self, request: SimilarityRequest, timings: Timings) -> SimilarityResponse:
@@ -158,5 +157,5 @@ class EmbedService(TaskService):
         texts.update(fields("inputs.sentences", request.inputs.sentences))
         done = await self.embed(texts, "inputs.sentences", request, timings, normalize=True)
         reply = SimilarityResponse(embed_proc.cosine_scores(done.vectors[0], done.vectors[1:]))
-        reply._headers = self._headers(done)
+        self._note(done, timings)
         return reply

@@ -21,7 +21,7 @@ from app.api.rerank_schemas import (
 )
 from app.api.schemas import EmbeddingUsage
 from app.api.serving.services import Classified, ClassifyService
-from app.api.serving.task_service import Timings, long_input_headers
+from app.api.serving.task_service import Timings
 from app.errors import NotAReranker
 from app.observe.logs import request_id_var
 from processing import classify as classify_proc
@@ -37,11 +37,10 @@ def check_ranker(service: ClassifyService) -> None:
         )
 
 
-def headers(done: list[Classified]) -> dict[str, str]:
-    return long_input_headers(
-        [i for i, c in enumerate(done) if c.truncated],
-        {i: c.result.windows for i, c in enumerate(done) if c.result.windows > 1},
-    )
+def note(done: list[Classified], timings: Timings) -> None:
+    """What happened to long inputs, for the protocol's headers."""
+    timings.truncated = [i for i, c in enumerate(done) if c.truncated]
+    timings.windows = {i: c.result.windows for i, c in enumerate(done) if c.result.windows > 1}
 
 
 async def rank(
@@ -71,7 +70,7 @@ async def rerank(service: ClassifyService, request: RerankRequest, timings: Timi
     )
     text = request.texts if request.return_text else [None] * len(request.texts)
     reply = RerankResponse([Rank(index=i, score=scores[i], text=text[i]) for i in order])
-    reply._headers = headers(done)
+    note(done, timings)
     return reply
 
 
@@ -94,7 +93,7 @@ async def infinity_rerank(
         id=f"rerank-{request_id_var.get() or uuid.uuid4().hex}",
         created=int(time.time()),
     )
-    reply._headers = headers(done)
+    note(done, timings)
     return reply
 
 
@@ -109,5 +108,5 @@ async def predict(service: ClassifyService, request: PredictRequest, timings: Ti
         scores = classify_proc.label_logits(c.logits, service.labels) if raw else c.result.scores
         rows.append([Prediction(score=s.score, label=s.label) for s in scores])
     reply = PredictResponse(rows if request.batch else rows[0])
-    reply._headers = headers(done)
+    note(done, timings)
     return reply

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
+from pydantic import BaseModel
 
 from app.api.schemas import (
     AnswerOut,
@@ -20,6 +21,8 @@ from app.api.schemas import (
     ClassifyBatchResponse,
     ClassifyRequest,
     ClassifyResult,
+    EmbedRequest,
+    EmbedResponse,
     EntityOut,
     LabelScore,
     NERRequest,
@@ -317,6 +320,24 @@ async def tokenize_texts(
         ]
 
     return await cpu_step(sum(map(len, texts)), spans)
+
+
+@dataclass(frozen=True)
+class TaskSchemas:
+    """A task's wire types on its native route: the request, and the answers (more than one: the route
+    answers their union, e.g. one text or a batch)."""
+
+    request: type[BaseModel]
+    responses: tuple[type[BaseModel], ...]
+
+
+TASK_SCHEMAS: dict[str, TaskSchemas] = {
+    "classify": TaskSchemas(ClassifyRequest, (ClassifyResult, ClassifyBatchResponse)),
+    "ner": TaskSchemas(NERRequest, (NERResponse,)),
+    "multiple-choice": TaskSchemas(ChoiceRequest, (ChoiceResponse,)),
+    "qa": TaskSchemas(QARequest, (QAResponse,)),
+    "embed": TaskSchemas(EmbedRequest, (EmbedResponse,)),
+}
 
 
 SERVICES: dict[str, type[TaskService]] = {

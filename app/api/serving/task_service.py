@@ -35,22 +35,10 @@ class ModelVersion(Protocol):
     service: TaskService | None
 
 
-TEI_HEADERS = (
-    "x-compute-time",
-    "x-compute-characters",
-    "x-compute-tokens",
-    "x-total-time",
-    "x-tokenization-time",
-    "x-queue-time",
-    "x-inference-time",
-)
-
-_TEI_RAW = tuple(name.encode() for name in TEI_HEADERS)
-
-
 class Timings:
-    """One request through the core: its schedule (deadline, priority; None = no deadline, normal)
-    and its seconds per stage (Server-Timing header and bert_stage_seconds)."""
+    """One request through the service: its schedule (deadline, priority; None = no deadline, normal),
+    its seconds per stage (bert_stage_seconds) and what happened to its inputs, as plain facts:
+    the protocol adapters write the headers (Server-Timing, TEI's, X-Truncated-Inputs)."""
 
     def __init__(self, schedule: Schedule | None = None) -> None:
         self.schedule = schedule
@@ -58,6 +46,8 @@ class Timings:
         self.started = time.perf_counter()
         self.chars = 0  # characters of the request's texts
         self.tokens = 0  # tokens of its work items (a choice group: each choice at the group's longest)
+        self.truncated: list[int] = []  # indices of the inputs cut to max_seq_len (bare-list answers)
+        self.windows: dict[int, int] = {}  # index -> windows, for inputs read in several windows
 
     def add(self, stage: str, seconds: float) -> None:
         self.stages[stage] = self.stages.get(stage, 0.0) + max(0.0, seconds)
@@ -69,19 +59,6 @@ class Timings:
             yield
         finally:
             self.add(stage, time.perf_counter() - started)
-
-    def raw_headers(self, tei: bool) -> list[tuple[bytes, bytes]]:
-        """Server-Timing and, with `tei`, text-embeddings-inference's timing headers, as raw ASGI
-        header pairs (appended to the response at once). TEI's are whole milliseconds (truncated, as
-        TEI's are); compute and total time run from when the route began serving the parsed request."""
-        timing = ", ".join(f"{stage};dur={seconds * 1000:.2f}" for stage, seconds in self.stages.items())
-        raw = [(b"server-timing", timing.encode("latin-1"))]
-        if tei:
-            total = int((time.perf_counter() - self.started) * 1000)
-            ms = [int(self.stages.get(stage, 0.0) * 1000) for stage in ("tokenize", "queue", "inference")]
-            values = (total, self.chars, self.tokens, total, *ms)
-            raw += [(name, str(value).encode()) for name, value in zip(_TEI_RAW, values, strict=True)]
-        return raw
 
     def observe(self, metrics: Metrics, task: str, model: str) -> None:
         for stage, seconds in self.stages.items():
@@ -100,17 +77,6 @@ async def cpu_step(chars: int, fn: Callable[..., T], *args: Any, **kwargs: Any) 
     if chars <= INLINE_CHARS:
         return fn(*args, **kwargs)
     return await asyncio.to_thread(fn, *args, **kwargs)
-
-
-def long_input_headers(truncated: list[int], windows: dict[int, int]) -> dict[str, str]:
-    """What happened to long inputs, for answers that are bare lists (TEI's): the indices of those cut
-    to max_seq_len, and of those read in several windows with their count."""
-    headers = {}
-    if truncated:
-        headers["X-Truncated-Inputs"] = ",".join(map(str, truncated))
-    if windows:
-        headers["X-Windowed-Inputs"] = ",".join(f"{i}={n}" for i, n in windows.items())
-    return headers
 
 
 def check_chars(value: str, limit: int, field: str, setting: str) -> None:

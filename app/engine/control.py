@@ -174,6 +174,7 @@ class ModelControl:
             compute=self.registry.compute,
             aging_ms=settings.priority_aging_ms,
         )
+        bundle.batcher.tokens_per_s = bundle.tokens_per_s  # until its own batches are measured
         bundle.service = make_service(bundle, self.settings)
         bundle.batcher.start()
 

@@ -83,6 +83,7 @@ class Bundle:
     service: TaskService | None = None  # app/api/serving/services.py, made by app/engine/control.py
     load_seconds: float | None = None
     memory_bytes: int | None = None
+    tokens_per_s: float | None = None  # one session's rate on the warm-up's full-length batch
     leases: int = 0  # requests being served by this version right now
     idle: asyncio.Event | None = None  # set when a retiring version's last request finishes
 
@@ -252,7 +253,11 @@ def warm_up(bundle: Bundle, max_batch_size: int) -> None:
     rows = min(4, max_batch_size)
     for batch in ([short], [longest] * rows):
         payloads: list[Any] = [[e, e] for e in batch] if spec.choices else batch
+        started = time.perf_counter()
         outputs = runtime.run(collate(payloads))
+        # A first rate for admission by cost until batches are measured (a first run: conservative).
+        tokens = len(longest) * rows * (2 if spec.choices else 1)
+        bundle.tokens_per_s = tokens / max(time.perf_counter() - started, 1e-6)
         runtime.run_alone(collate(payloads))  # the solo session's first run, if it has one
         missing = set(manifest.output_names) - set(outputs)
         if missing:

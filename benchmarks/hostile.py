@@ -13,6 +13,8 @@ throughout; one attack runs at a time beside it, each for --phase-s seconds:
 - V2 flood: 8 keyed clients sending V2 binary bodies of 200k zero-length BYTES elements;
 - huge QA: 6 keyed /qa requests with 100k-character contexts at once (waited for up to 120 s).
 
+The steady client opens a new connection for each request, as probes and short-lived clients do.
+
 Reported per phase: the steady client's p50/p99 and failures, the server's RSS (before, peak
 during, after), and what the attackers got back. With --before REF the same run is made first on
 that git revision's code (`git archive`), and the report puts both side by side.
@@ -96,24 +98,24 @@ async def exchange(port: int, data: bytes, timeout_s: float = 120) -> tuple[int,
 
 # ---------------------------------------------------------------------------------- the steady client
 def steady(port: int, stop: Any, out: Any) -> None:
-    """A closed loop of small keyed /classify on one keep-alive connection: (t, latency s, status)."""
+    """A closed loop of small keyed /classify, each on a new connection as a probe or a short-lived
+    client opens one (what running out of descriptors refuses): (t, latency s, status)."""
     import http.client
 
-    rows, conn = [], None
+    rows = []
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", "Connection": "close"}
     while not stop.is_set():
         started = time.time()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         try:
-            conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
             conn.request("POST", "/classify", SMALL, headers)
             response = conn.getresponse()
             response.read()
             status = response.status
-            if response.getheader("connection", "") == "close":
-                conn.close()
-                conn = None
         except OSError:
-            status, conn = 0, None
+            status = 0
+        finally:
+            conn.close()
         rows.append((started, time.time() - started, status))
         time.sleep(0.01)
     out.send(rows)

@@ -20,20 +20,15 @@ from pydantic_core import PydanticCustomError
 from app.api.scheduling import MAX_TIMEOUT_MS, PRIORITY_HEADER, TIMEOUT_HEADER
 from app.engine.repository import MODEL_NAME
 
-# Characters that print nothing and that str.strip() keeps: zero-width spaces and joiners, marks,
-# the BOM, fillers. A text of only these (and whitespace) is as blank as an empty one.
-INVISIBLE = (
-    "\u00ad\u034f\u061c\u115f\u1160\u180e\u200b\u200c\u200d\u200e\u200f"
-    "\u2060\u2061\u2062\u2063\u2064\u3164\ufeff\uffa0"
-)
+# Print nothing, and str.strip() keeps them (zero-width spaces and joiners, marks, the BOM, fillers):
+# a text of only these and whitespace is as blank as an empty one.
+INVISIBLE = "\u00ad\u034f\u061c\u115f\u1160\u180e\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\u3164\ufeff\uffa0"  # noqa: E501
 
 
 def is_blank(value: str) -> bool:
-    while True:
-        stripped = value.strip().strip(INVISIBLE)
-        if stripped == value:
-            return not value
+    while (stripped := value.strip().strip(INVISIBLE)) != value:
         value = stripped
+    return not value
 
 
 def _check_text(value: str) -> str:
@@ -49,11 +44,8 @@ def _check_text(value: str) -> str:
 # "Has a character that str.strip() keeps", spelt out: JSON Schema's \S (ECMA-262) and Python's
 # whitespace differ (U+0085, U+001C-U+001F, U+FEFF). The schema then says what _check_text checks,
 # so schema-driven clients (and fuzzers) send valid text.
-NOT_ONLY_WHITESPACE = (
-    r"[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-    + INVISIBLE.encode("unicode_escape").decode()
-    + "]"
-)
+SPACES = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+NOT_ONLY_WHITESPACE = f"[^{SPACES}{INVISIBLE.encode('unicode_escape').decode()}]"
 Text = Annotated[
     str,
     AfterValidator(_check_text),

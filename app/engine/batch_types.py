@@ -34,6 +34,22 @@ class QueueFull(BatcherError):
         self.depth, self.limit, self.wanted = depth, limit, wanted
 
 
+class Backlogged(QueueFull):
+    """Admission by cost: a request larger than a batch, refused while the work already queued
+    would take longer than the server's deadline (MAX_QUEUE_MS) at the measured rate. Small
+    requests are still admitted: they take their turn between the windows of large ones."""
+
+    reason = "backlog"
+
+    def __init__(self, backlog_s: float, deadline_s: float, tokens: int):
+        BatcherError.__init__(
+            self,
+            f"the work queued would take about {backlog_s:.1f} s, longer than MAX_QUEUE_MS "
+            f"({deadline_s:g} s), and this request needs {tokens} tokens",
+        )
+        self.depth, self.limit, self.wanted = 0, 0, 0
+
+
 class TooLarge(BatcherError):
     """One submission needs more work items than the whole queue holds; retrying cannot help."""
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.batch_types import (
+    Backlogged,
     BatcherClosed,
     BatchFailed,
     BatchObserver,
@@ -99,6 +100,7 @@ class Batcher:
         self.split = split
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
+        self.tokens_per_s: float | None = None  # measured on the batches run
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
         # Padded tokens may be at most this multiple of real tokens (0 = no limit): on a CPU,
@@ -178,6 +180,7 @@ class Batcher:
         if len(self._queue) + len(items) > self.max_queue:
             self.observer.on_rejected(QueueFull.reason, 1)
             raise QueueFull(len(self._queue), self.max_queue, len(items))
+        self._admit_by_cost(items, schedule)
         loop = asyncio.get_running_loop()
         now = self.clock()
         if schedule is not None and schedule.deadline is not None:
@@ -197,6 +200,20 @@ class Batcher:
         self.observer.on_queue_depth(len(self._queue))
         self._wake.set()
         return futures
+
+    def _admit_by_cost(self, items: Sequence[WorkItem], schedule: Schedule | None) -> None:
+        """Refuse a request of more tokens than a batch while the queued work, at the measured
+        rate, would take longer than its server deadline (MAX_QUEUE_MS): huge requests cannot pile
+        up where none of them would finish in time."""
+        if schedule is None or not schedule.server or not self.tokens_per_s or schedule.timeout_ms is None:
+            return
+        tokens = sum(it.length * it.rows for it in items)
+        if tokens <= self.max_batch_tokens:
+            return
+        backlog_s = sum(it.length * it.rows for it in self._queue) / (self.tokens_per_s * self.concurrency)
+        if backlog_s > schedule.timeout_ms / 1000:
+            self.observer.on_rejected(Backlogged.reason, 1)
+            raise Backlogged(backlog_s, schedule.timeout_ms / 1000, tokens)
 
     # ------------------------------------------------------------------ worker
 
@@ -373,6 +390,9 @@ class Batcher:
                     item.future.set_exception(BatchFailed(batch_id, exc))
             return
         inference_s = self.clock() - started
+        if inference_s > 0:  # one instance's rate, for admission by cost (smoothed)
+            rate = padded_tokens(items) / inference_s
+            self.tokens_per_s = rate if not self.tokens_per_s else 0.8 * self.tokens_per_s + 0.2 * rate
         for item, part in zip(items, outputs, strict=True):
             if item.future is None or item.future.done():
                 continue

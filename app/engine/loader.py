@@ -229,7 +229,11 @@ def warm_up(bundle: Bundle, max_batch_size: int) -> None:
     rows = min(4, max_batch_size)
     for batch in ([short], [longest] * rows):
         payloads = [Work(Item.of([e, e] if spec.choices else [e])) for e in batch]
+        started = time.perf_counter()
         outputs = runtime.run(collate(payloads))
+        # A first rate for admission by cost until batches are measured (a first run: conservative).
+        tokens = len(longest) * rows * (2 if spec.choices else 1)
+        bundle.tokens_per_s = tokens / max(time.perf_counter() - started, 1e-6)
         runtime.run_alone(collate(payloads))  # the solo session's first run, if it has one
         missing = set(manifest.output_names) - set(outputs)
         if missing:

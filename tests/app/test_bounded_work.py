@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from app.api.error_table import status_of
 from app.api.scheduling import schedule_for
 from app.engine.batch_types import DeadlineExceeded, QueueTimedOut, Schedule
@@ -49,7 +51,6 @@ def test_a_client_timeout_is_the_clients_and_zero_turns_the_server_deadline_off(
     assert type(expired.expired_error(expired.started + 1)) is DeadlineExceeded
 
 
-
 async def test_the_server_deadline_bounds_the_wait_to_start_not_the_work_of_a_started_request():
     """A long request that has started is served to the end (its windows take turns with other
     requests), however long that takes; one that never started by MAX_QUEUE_MS is refused."""
@@ -60,3 +61,26 @@ async def test_the_server_deadline_bounds_the_wait_to_start_not_the_work_of_a_st
     await asyncio.sleep(0.06)  # past its server deadline
     await finish(runtime, batcher, long)
     assert all(f.exception() is None for f in long) and runtime.computed() == [1, 2, 3]
+
+
+async def test_admission_by_cost_refuses_a_large_request_behind_a_backlog_but_not_a_small_one():
+    from app.engine.batch_types import Backlogged
+    from app.engine.batcher import Batcher
+    from tests.app.test_batcher import collate
+
+    runtime = StepRuntime()
+    batcher = Batcher(runtime, collate, name="test", max_batch_size=1, max_wait_ms=0, max_batch_tokens=8)
+    batcher.start()
+    batcher.tokens_per_s = 10.0  # as measured: 10 tokens a second
+    busy = batcher.submit([item(1, 4)])
+    await runtime.started(1)
+    backlog = batcher.submit([item(2, 4) for _ in range(20)], schedule_for({}, max_queue_ms=5000))  # 8 s
+    with pytest.raises(Backlogged) as refused:  # 12 tokens > a batch's 8, behind 8 s > 5 s of work
+        batcher.submit([item(3, 4), item(3, 4), item(3, 4)], schedule_for({}, max_queue_ms=5000))
+    assert status_of(refused.value).status == 429 and "MAX_QUEUE_MS" in str(refused.value)
+    small = batcher.submit([item(4, 4)], schedule_for({}, max_queue_ms=5000))  # a batch's worth: admitted
+    own = batcher.submit(
+        [item(5, 4) for _ in range(3)], schedule_for({"X-Timeout-Ms": "60000"})
+    )  # own deadline
+    await finish(runtime, batcher, busy + backlog + small + own)
+    assert 4 in runtime.computed() and 3 not in runtime.computed()

@@ -170,6 +170,22 @@ def test_past_the_connection_cap_probes_still_get_in(guarded):
             sock.close()
 
 
+def test_a_served_client_keeps_its_connection_when_idle_ones_are_closed(guarded):
+    keep = connect(guarded)
+    keyed = f"GET /models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n\r\n".encode()
+    keep.sendall(keyed)
+    assert keep.recv(65536).startswith(b"HTTP/1.1 200")
+    idle = []
+    try:
+        for _ in range(NOFILE + 20):  # each new one closes an idle one that was never answered
+            idle.append(connect(guarded, timeout_s=2))
+        keep.sendall(keyed)
+        assert keep.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in idle:
+            sock.close()
+
+
 @pytest.mark.parametrize(
     "path",
     ["/classify", "/ner", "/qa", "/embed", "/v1/embeddings", "/tokenize", "/v2/models/tiny-classify/infer"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from pathlib import Path
 
@@ -51,10 +52,35 @@ ARCHITECTURE_TASKS = {
 }
 
 
+# ---- LOCAL HOOK (issue 41, encoders-b): the architectures beyond BERT, by config.json model_type:
+# the module holding their TASK_HEADS, and the class-name prefix that stands for "Bert" in
+# `architectures`. Until the shared model_type dispatch table (encoders-a) lands; merging it is
+# one row per architecture there.
+OTHER_ARCHITECTURES = {"mpnet": ("model.mpnet", "MPNet"), "modernbert": ("model.modernbert", "ModernBert")}
+
+
+def heads_for(config: BertConfig) -> dict[str, type[nn.Module]]:
+    model_type = config.extra.get("model_type", "bert")
+    if model_type in OTHER_ARCHITECTURES:
+        return importlib.import_module(OTHER_ARCHITECTURES[model_type][0]).TASK_HEADS
+    return TASK_HEADS
+
+
+def bert_name(architecture: str, config: BertConfig) -> str:
+    """MPNetForSequenceClassification -> BertForSequenceClassification: the same task's head."""
+    prefix = OTHER_ARCHITECTURES.get(config.extra.get("model_type", "bert"), (None, None))[1]
+    return (
+        "Bert" + architecture[len(prefix) :] if prefix and architecture.startswith(prefix) else architecture
+    )
+
+
+# ---- end of the local hook
+
+
 def checkpoint_task(config: BertConfig, where: str, requested: str | None = None) -> str:
     """The task head a checkpoint was fine-tuned for: `requested` (--task), else config.task (our
     trainer's), else what `architectures` names. Refuses a request that contradicts the config."""
-    architectures = config.extra.get("architectures") or []
+    architectures = [bert_name(a, config) for a in config.extra.get("architectures") or []]
     declared = {ARCHITECTURE_TASKS[a] for a in architectures if a in ARCHITECTURE_TASKS}
     if config.task is not None:
         declared.add(config.task)
@@ -86,8 +112,11 @@ def checkpoint_task(config: BertConfig, where: str, requested: str | None = None
 def check_supported(config: BertConfig, where: str) -> None:
     """Refuse configs our BERT does not implement, instead of exporting something else."""
     model_type = config.extra.get("model_type", "bert")
+    if model_type in OTHER_ARCHITECTURES:
+        return
     if model_type != "bert":
-        raise ExportError(f"{where}/config.json has model_type {model_type!r}; only BERT checkpoints export")
+        supported = ", ".join(["bert", *OTHER_ARCHITECTURES])
+        raise ExportError(f"{where}/config.json has model_type {model_type!r}; supported: {supported}")
     position = config.extra.get("position_embedding_type", "absolute")
     if position != "absolute":
         raise ExportError(
@@ -107,7 +136,7 @@ def load_head(
     check_supported(config, str(checkpoint_dir))
     task = checkpoint_task(config, str(checkpoint_dir), task)
     overrides = {"pooling": pooling} if pooling is not None else {}
-    model = TASK_HEADS[task].from_pretrained(checkpoint_dir, task=task, **overrides)
+    model = heads_for(config)[task].from_pretrained(checkpoint_dir, task=task, **overrides)
     if getattr(model, "missing_keys", None):
         raise ExportError(
             f"{checkpoint_dir}: weights missing for {', '.join(model.missing_keys)}; exporting would ship "

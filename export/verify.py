@@ -135,7 +135,9 @@ def make_session(model: Path | bytes, threads: int = 0, disabled_optimizers: Seq
 
 def run_session(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, {n: feeds[n] for n in INPUT_NAMES}), strict=True))
+    # A graph may lack an input its model ignores (MPNet and ModernBERT have no token types).
+    graph_feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
+    return dict(zip(names, session.run(names, graph_feeds), strict=True))
 
 
 def run_torch(wrapper, output_names: list[str], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

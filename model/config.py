@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 CONFIG_NAME = "config.json"
 
 
 @dataclass
 class BertConfig:
+    MODEL_TYPE: ClassVar[str] = "bert"  # config.json's model_type; subclasses for other architectures
+    POSITION_OFFSET: ClassVar[int] = 0  # position table rows before the first token's
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -47,6 +49,12 @@ class BertConfig:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
 
     @property
+    def max_positions(self) -> int:
+        """The longest sequence the position table serves: fewer than its rows where positions start
+        past the padding index (MPNetConfig.POSITION_OFFSET)."""
+        return self.max_position_embeddings - self.POSITION_OFFSET
+
+    @property
     def num_labels(self) -> int:
         return len(self.id2label) if self.id2label else 2
 
@@ -73,7 +81,7 @@ class BertConfig:
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "extra" and v is not None}
         out.update(self.extra)
-        out.setdefault("model_type", "bert")
+        out.setdefault("model_type", self.MODEL_TYPE)
         if self.id2label:
             out["id2label"] = {str(k): v for k, v in self.id2label.items()}
             out["label2id"] = self.label2id

@@ -64,19 +64,38 @@ class TokenSpan:
     stop: int | None
 
 
+# BERT's special tokens; tokenizer_config.json names others (MPNet: <s> </s> <pad>, whose vocabulary
+# also holds unused [CLS] / [SEP] entries, so the names must come from the config, not the vocabulary).
+BERT_SPECIALS = {"cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]", "unk": "[UNK]", "mask": "[MASK]"}
+
+
+def special_tokens(config: dict) -> dict[str, str]:
+    """The special tokens tokenizer_config.json names (`cls_token` ...: a string or {"content": ...})."""
+    out = dict(BERT_SPECIALS)
+    for role in out:
+        value = config.get(f"{role}_token")
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            out[role] = value
+    return out
+
+
 class TextTokenizer:
-    def __init__(self, tokenizer: Tokenizer, do_lower_case: bool = True):
+    def __init__(
+        self, tokenizer: Tokenizer, do_lower_case: bool = True, specials: dict[str, str] | None = None
+    ):
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self.tokenizer = tokenizer
         self.do_lower_case = do_lower_case
         vocab = tokenizer.get_vocab()
-        missing = [t for t in ("[CLS]", "[SEP]", "[PAD]", "[UNK]") if t not in vocab]
+        specials = specials or BERT_SPECIALS
+        missing = [specials[r] for r in ("cls", "sep", "pad", "unk") if specials[r] not in vocab]
         if missing:
             raise ValueError(f"vocabulary lacks special tokens {missing}")
-        self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
-        self.pad_id, self.unk_id = vocab["[PAD]"], vocab["[UNK]"]
-        self.mask_id = vocab.get("[MASK]", self.unk_id)
+        self.cls_id, self.sep_id = vocab[specials["cls"]], vocab[specials["sep"]]
+        self.pad_id, self.unk_id = vocab[specials["pad"]], vocab[specials["unk"]]
+        self.mask_id = vocab.get(specials["mask"], self.unk_id)
         self.vocab_size = tokenizer.get_vocab_size()
 
     @classmethod
@@ -86,7 +105,7 @@ class TextTokenizer:
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
         lower = bool(config.get("do_lower_case", True))
         if (directory / "tokenizer.json").exists():
-            return cls(Tokenizer.from_file(str(directory / "tokenizer.json")), lower)
+            return cls(Tokenizer.from_file(str(directory / "tokenizer.json")), lower, special_tokens(config))
         if (directory / "vocab.txt").exists():
             wordpiece = BertWordPieceTokenizer(str(directory / "vocab.txt"), lowercase=lower)
             return cls(wordpiece._tokenizer, lower)

@@ -18,6 +18,8 @@ from app.core.task_service import (
 )
 from app.errors import InputTooLong, InvalidInput, TooManyInputs
 from app.http.schemas import (
+    EmbedAllRequest,
+    EmbedAllResponse,
     EmbeddingData,
     EmbeddingUsage,
     EmbedOptions,
@@ -29,6 +31,7 @@ from app.http.schemas import (
     SimilarityResponse,
 )
 from app.settings import Settings
+from export.bundle import dense_layers
 from processing import embed as embed_proc
 from processing.tokenizer import Encoding
 
@@ -58,8 +61,34 @@ class EmbedService(TaskService):
         super().__init__(bundle, settings)
         pooling = self.manifest.pooling or {}
         self.pooling = pooling.get("mode", "mean")
-        self.dimensions = int(self.manifest.outputs[0]["shape"][-1])
+        self.dimensions = self.width()
         self.long_text = settings.classify_long_text
+        # sentence-transformers' prompts (config_sentence_transformers.json), saved by export.
+        self.prompts: dict[str, str] = self.manifest.preprocessing.get("prompts") or {}
+        self.default_prompt: str | None = self.manifest.preprocessing.get("default_prompt_name")
+        # sentence-transformers' Dense modules after pooling (their files were hash-checked at load).
+        has_dense = bool((self.manifest.pooling or {}).get("dense"))
+        self.dense = dense_layers(bundle.path, self.manifest) if has_dense else []
+
+    def width(self) -> int:
+        """The vectors' size: the pooling's (after any Dense layers), else the graph's last axis."""
+        return int((self.manifest.pooling or {}).get("dimensions") or self.manifest.outputs[0]["shape"][-1])
+
+    def with_prompt(self, texts: dict[str, str], name: str | None) -> dict[str, str]:
+        """Each text behind the prompt `name` asks for (TEI's prompt_name), else the model's default."""
+        name = self.default_prompt if name is None else name
+        if name is None:
+            return texts
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise InvalidInput(
+                f"model {self.manifest.name} has no prompt {name!r}; its prompts: {known}", "prompt_name"
+            )
+        return {field: self.prompts[name] + text for field, text in texts.items()}
+
+    def row_vector(self, outputs: dict[str, np.ndarray], encoding: Encoding) -> np.ndarray:
+        """One sequence's vector from its graph outputs: its own token states, pooled."""
+        return embed_proc.pool_tokens(outputs["last_hidden_state"][: len(encoding)], self.pooling)
 
     def _encode(self, texts: dict[str, str], truncate: bool | None, side: str) -> list[list[Encoding]]:
         long_text = "truncate" if truncate is not None else self.long_text
@@ -83,10 +112,7 @@ class EmbedService(TaskService):
     ) -> Embedded:
         """The vectors of `texts` (request field name -> text; `batch` names the list), in order,
         normalized if asked."""
-        if options.prompt_name is not None:
-            raise InvalidInput(
-                f"model {self.manifest.name} has no prompts; leave prompt_name unset", "prompt_name"
-            )
+        texts = self.with_prompt(texts, options.prompt_name)
         limit = self.settings.max_batch_items
         if len(texts) > limit:
             raise TooManyInputs(
@@ -105,7 +131,7 @@ class EmbedService(TaskService):
             for encodings in encoded:
                 # Each sequence pooled over its own tokens: the padding its batch gave it never counts.
                 pooled = [
-                    embed_proc.pool_tokens(r.outputs["last_hidden_state"][: len(e)], self.pooling)
+                    self.row_vector(r.outputs, e)
                     for e, r in zip(encodings, results[cursor : cursor + len(encodings)], strict=True)
                 ]
                 cursor += len(encodings)
@@ -113,6 +139,8 @@ class EmbedService(TaskService):
                     embed_proc.pool_windows(np.stack(pooled), [len(e) for e in encodings], self.pooling)
                 )
             matrix = np.stack(vectors)
+            if self.dense:
+                matrix = embed_proc.apply_dense(matrix, self.dense)
             if normalize:
                 matrix = embed_proc.normalize(matrix)
         return Embedded(
@@ -133,6 +161,33 @@ class EmbedService(TaskService):
         )
         reply = EmbedResponse.model_construct(done.vectors.tolist())  # floats already: no validation pass
         reply._headers = self._headers(done)
+        return reply
+
+    async def embed_all(self, request: EmbedAllRequest, timings: Timings) -> EmbedAllResponse:
+        """TEI's /embed_all: every token's vector (the last hidden state), special tokens included.
+        One window per text: a long text is cut to max_seq_len (truncate unset or true) or refused."""
+        texts = self.with_prompt(fields("inputs", request.inputs), request.prompt_name)
+        for field, text in texts.items():
+            check_chars(text, self.settings.max_text_chars, field, "MAX_TEXT_CHARS")
+        if len(texts) > self.settings.max_batch_items:
+            raise TooManyInputs(
+                f"inputs has {len(texts)} texts; the limit is {self.settings.max_batch_items} "
+                "(MAX_BATCH_ITEMS)",
+                "inputs",
+            )
+        truncate = True if request.truncate is None else request.truncate
+        side = request.truncation_direction.lower()
+        with timings.measure("tokenize"):
+            timings.chars += sum(map(len, texts.values()))
+            encoded = await cpu_step(timings.chars, self._encode, texts, truncate, side)
+        encodings = [e for windows in encoded for e in windows]
+        results = await self.infer(sequence_items(encodings), timings)
+        with timings.measure("postprocess"):
+            states = [
+                r.outputs["last_hidden_state"][: len(e)] for e, r in zip(encodings, results, strict=True)
+            ]
+            reply = EmbedAllResponse.model_construct([s.tolist() for s in states])
+        reply._headers = long_input_headers([i for i, e in enumerate(encodings) if e.truncated], {})
         return reply
 
     async def openai(self, request: OpenAIEmbeddingRequest, timings: Timings) -> OpenAIEmbeddingResponse:

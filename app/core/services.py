@@ -15,6 +15,7 @@ import numpy as np
 
 from app.core.batch_types import ItemResult, WorkItem
 from app.core.embed_service import EmbedService
+from app.core.sparse_service import SparseEmbedService
 from app.core.task_service import ModelVersion, TaskService, Timings, check_chars, cpu_step, sequence_items
 from app.errors import InputTooLong, InvalidInput, TooManyChoices, TooManyInputs
 from app.http.schemas import (
@@ -324,6 +325,7 @@ SERVICES: dict[str, type[TaskService]] = {
     "multiple-choice": ChoiceService,
     "qa": QAService,
     "embed": EmbedService,
+    "sparse": SparseEmbedService,
 }
 
 

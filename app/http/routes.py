@@ -29,6 +29,7 @@ from app.core.services import (
     service_of,
     tokenize_texts,
 )
+from app.core.sparse_service import SparseEmbedService
 from app.core.task_service import TaskService, Timings
 from app.errors import NoModel, Unauthorized
 from app.http.errors import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
@@ -48,6 +49,8 @@ from app.http.schemas import (
     ClassifyBatchResponse,
     ClassifyRequest,
     ClassifyResult,
+    EmbedAllRequest,
+    EmbedAllResponse,
     EmbedRequest,
     EmbedResponse,
     NERRequest,
@@ -58,6 +61,8 @@ from app.http.schemas import (
     QAResponse,
     SimilarityRequest,
     SimilarityResponse,
+    SparseEmbedRequest,
+    SparseEmbedResponse,
 )
 from app.http.service_schemas import (
     HealthResponse,
@@ -257,6 +262,26 @@ async def qa(body: QARequest, request: Request, response: Response) -> Any:
 )
 async def embed(body: EmbedRequest, request: Request, response: Response) -> Any:
     return await serve(request, response, EmbedService, body)
+
+
+@router.post(
+    "/embed_sparse",
+    response_model=SparseEmbedResponse,
+    summary=TASKS["sparse"].summary,
+    responses=TASK_RESPONSES,
+)
+async def embed_sparse(body: SparseEmbedRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, SparseEmbedService, body)
+
+
+@router.post(
+    "/embed_all",
+    response_model=EmbedAllResponse,
+    summary="A vector per token, for late interaction (text-embeddings-inference's /embed_all)",
+    responses=TASK_RESPONSES,
+)
+async def embed_all(body: EmbedAllRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, EmbedService, body, EmbedService.embed_all)
 
 
 @router.post(

@@ -310,7 +310,9 @@ class EmbedOptions(Request):
         "right", description="Which end truncation keeps: right cuts the end"
     )
     prompt_name: str | None = Field(
-        None, description="Accepted for TEI clients; this service's models have no prompts"
+        None,
+        description="One of the model's prompts (sentence-transformers' config_sentence_transformers.json, "
+        "e.g. e5's query / passage), put before each text; unset: the model's default prompt, if any",
     )
 
 
@@ -397,3 +399,12 @@ class SimilarityResponse(RootModel[list[float]]):
 
     # Response headers the service sets (what happened to long inputs); routes.serve sends them.
     _headers: dict[str, str] = PrivateAttr(default_factory=dict)
+
+
+# TEI's sparse and per-token outputs, defined beside their routes' other schemas.
+from app.http.retrieval_schemas import (  # noqa: E402, F401
+    EmbedAllRequest,
+    EmbedAllResponse,
+    SparseEmbedRequest,
+    SparseEmbedResponse,
+)

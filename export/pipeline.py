@@ -155,7 +155,7 @@ def export_bundle(
     if not 2 <= max_seq_len <= longest:
         raise ExportError(
             f"max_seq_len {max_seq_len} must be in [2, {longest}] (max_position_embeddings "
-            f"{config.max_position_embeddings} less the {config.POSITION_OFFSET} rows before the first position)"
+            f"{config.max_position_embeddings} less {config.POSITION_OFFSET} rows before the first position)"
         )
     labels, problem_type = labels_and_problem(config, task)
     qa = qa_defaults_for(qa_defaults, max_seq_len) if task == "qa" else None
@@ -199,8 +199,11 @@ def export_bundle(
             },
             tokenizer_files=copy_tokenizer(checkpoint_dir, stage),
             qa_defaults=qa,
-            pooling=_pooling_manifest(encoder, config.hidden_size, stage) if encoder else None,
-            preprocessing={**preprocessing_rules(config, task), **(_prompts(encoder) if encoder else {})},
+            pooling=encoder.manifest(config.hidden_size, stage) if encoder else None,
+            preprocessing={
+                **preprocessing_rules(config, task),
+                **(encoder.prompt_rules() if encoder else {}),
+            },
             reranker=is_reranker(config, task, reranker),
             verification=run.verification,
             optimization=run.optimization,
@@ -379,37 +382,6 @@ class _Run:
             if v not in self.wanted:
                 self.paths[v].unlink(missing_ok=True)
                 self.verification.pop(v, None)
-
-
-DENSE_FILE = "dense.npz"
-
-
-def _pooling_manifest(encoder, hidden_size: int, stage: Path) -> dict[str, Any]:
-    """The pooling rule; Dense layers go beside the graph in dense.npz (weight_i, bias_i), which the
-    manifest lists with its hash and each layer's activation."""
-    pooling = encoder.manifest(hidden_size)
-    if encoder.dense:
-        arrays = {f"weight_{i}": layer.weight for i, layer in enumerate(encoder.dense)}
-        arrays.update(
-            {f"bias_{i}": layer.bias for i, layer in enumerate(encoder.dense) if layer.bias is not None}
-        )
-        np.savez(stage / DENSE_FILE, **arrays)
-        info = file_info(stage / DENSE_FILE)
-        pooling["dense"] = {
-            "file": DENSE_FILE,
-            "sha256": info.sha256,
-            "bytes": info.bytes,
-            "activations": [layer.activation for layer in encoder.dense],
-        }
-    return pooling
-
-
-def _prompts(encoder) -> dict[str, Any]:
-    """sentence-transformers' prompts, which serving puts before the texts (TEI's prompt_name)."""
-    out: dict[str, Any] = {"prompts": encoder.prompts} if encoder.prompts else {}
-    if encoder.default_prompt_name is not None:
-        out["default_prompt_name"] = encoder.default_prompt_name
-    return out
 
 
 def _hash(path: Path) -> tuple[str, int]:

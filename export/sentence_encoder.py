@@ -14,13 +14,15 @@ otherwise. Torch-free.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from processing.embed import POOLING_MODES
+
+from .bundle import file_info
 
 MODULES = "modules.json"
 # sentence-transformers' legacy Pooling keys, one boolean per mode.
@@ -39,6 +41,7 @@ class SentenceEncoderError(ValueError):
 
 
 CONFIG_ST = "config_sentence_transformers.json"
+DENSE_FILE = "dense.npz"
 # Dense activations serving repeats (processing.embed.DENSE_ACTIVATIONS), by their torch class path.
 DENSE_ACTIVATIONS = {
     "torch.nn.modules.activation.Tanh": "tanh",
@@ -69,15 +72,27 @@ class Pooling:
     prompts: dict[str, str] = field(default_factory=dict)  # name -> text put before the input
     default_prompt_name: str | None = None
 
-    def manifest(self, dimensions: int) -> dict[str, Any]:
-        if self.dense:
-            dimensions = int(self.dense[-1].weight.shape[0])
-        return {
-            "mode": self.mode,
-            "normalize": self.normalize,
-            "dimensions": dimensions,
-            "source": self.source,
-        }
+    def manifest(self, dimensions: int, bundle_dir: Path | None = None) -> dict[str, Any]:
+        """bundle.json's `pooling`. Dense layers go into `bundle_dir`/dense.npz (weight_i, bias_i),
+        listed with its hash and each layer's activation."""
+        pooling: dict[str, Any] = {"mode": self.mode, "normalize": self.normalize, "dimensions": dimensions}
+        pooling["source"] = self.source
+        if self.dense and bundle_dir is not None:
+            pooling["dimensions"] = int(self.dense[-1].weight.shape[0])
+            arrays = {f"weight_{i}": layer.weight for i, layer in enumerate(self.dense)}
+            arrays.update({f"bias_{i}": d.bias for i, d in enumerate(self.dense) if d.bias is not None})
+            np.savez(bundle_dir / DENSE_FILE, **arrays)
+            info = file_info(bundle_dir / DENSE_FILE)
+            activations = [layer.activation for layer in self.dense]
+            pooling["dense"] = {"file": DENSE_FILE, **asdict(info), "activations": activations}
+        return pooling
+
+    def prompt_rules(self) -> dict[str, Any]:
+        """sentence-transformers' prompts, which serving puts before the texts (TEI's prompt_name)."""
+        rules: dict[str, Any] = {"prompts": self.prompts} if self.prompts else {}
+        if self.default_prompt_name is not None:
+            rules["default_prompt_name"] = self.default_prompt_name
+        return rules
 
 
 def _read_json(path: Path) -> Any:

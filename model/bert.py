@@ -202,7 +202,8 @@ class BertPreTrainedModel(nn.Module):
                     module.weight.data[module.padding_idx].zero_()
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:  # ModernBERT's norms have none
+                    nn.init.zeros_(module.bias)
         self.tie_weights()
 
     def tie_weights(self) -> None:

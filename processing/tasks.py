@@ -210,7 +210,7 @@ TASKS: dict[str, TaskSpec] = {
             path="/embed_sparse",
             summary="Sparse (SPLADE) embeddings: each text's nonzero vocabulary weights "
             "(text-embeddings-inference's /embed_sparse)",
-            request="SparseEmbedRequest",
+            request="EmbedTextsRequest",
             responses=("SparseEmbedResponse",),
             head="BertForSparseEmbedding",
             metric=None,
@@ -218,7 +218,7 @@ TASKS: dict[str, TaskSpec] = {
             # SPLADE reduced inside the graph (model.bert.splade): a row's weights over the vocabulary,
             # not its (sequence, vocab) logits.
             outputs=(("sparse", ("batch", "vocab")),),
-            # A row's text is the native request's `inputs`; its [{"index", "value"}] JSON, the answer's row 0.
+            # A row's text is the native request's `inputs`; its [{"index", "value"}] JSON: answer row 0.
             v2=V2(inputs=(Tensor("inputs", "BYTES", ROW),), outputs=(Tensor("sparse", "BYTES", ROW, "0"),)),
             trained=False,  # exported from a masked-LM checkpoint with --task sparse
         ),

@@ -17,14 +17,14 @@ from app.core.task_service import (
     sequence_items,
 )
 from app.errors import InputTooLong, InvalidInput, TooManyInputs
+from app.http.retrieval_schemas import EmbedAllResponse
 from app.http.schemas import (
-    EmbedAllRequest,
-    EmbedAllResponse,
     EmbeddingData,
     EmbeddingUsage,
     EmbedOptions,
     EmbedRequest,
     EmbedResponse,
+    EmbedTextsRequest,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
     SimilarityRequest,
@@ -163,7 +163,7 @@ class EmbedService(TaskService):
         reply._headers = self._headers(done)
         return reply
 
-    async def embed_all(self, request: EmbedAllRequest, timings: Timings) -> EmbedAllResponse:
+    async def embed_all(self, request: EmbedTextsRequest, timings: Timings) -> EmbedAllResponse:
         """TEI's /embed_all: every token's vector (the last hidden state), special tokens included.
         One window per text: a long text is cut to max_seq_len (truncate unset or true) or refused."""
         texts = self.with_prompt(fields("inputs", request.inputs), request.prompt_name)

@@ -9,7 +9,8 @@ import numpy as np
 
 from app.core.embed_service import EmbedService, fields
 from app.core.task_service import ModelVersion, Timings
-from app.http.schemas import SparseEmbedRequest, SparseEmbedResponse
+from app.http.retrieval_schemas import SparseEmbedResponse
+from app.http.schemas import EmbedTextsRequest
 from app.settings import Settings
 from processing.sparse import as_pairs
 from processing.tokenizer import Encoding
@@ -30,7 +31,7 @@ class SparseEmbedService(EmbedService):
     def row_vector(self, outputs: dict[str, np.ndarray], encoding: Encoding) -> np.ndarray:
         return outputs["sparse"]
 
-    async def __call__(self, request: SparseEmbedRequest, timings: Timings) -> SparseEmbedResponse:
+    async def __call__(self, request: EmbedTextsRequest, timings: Timings) -> SparseEmbedResponse:
         done = await self.embed(fields("inputs", request.inputs), "inputs", request, timings, normalize=False)
         with timings.measure("postprocess"):
             reply = SparseEmbedResponse.model_validate([as_pairs(v) for v in done.vectors])

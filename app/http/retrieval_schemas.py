@@ -1,21 +1,9 @@
-"""TEI's retrieval outputs: /embed_sparse (SPLADE term weights) and /embed_all (a vector per token)."""
+"""The answers of TEI's retrieval outputs: /embed_sparse (SPLADE term weights) and /embed_all (a
+vector per token). Their request is app.http.schemas.EmbedTextsRequest."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, RootModel
-
-from app.http.schemas import EmbedOptions, Texts
-
-
-class SparseEmbedRequest(EmbedOptions):
-    model_config = ConfigDict(
-        extra="forbid",
-        protected_namespaces=(),
-        json_schema_extra={
-            "examples": [{"inputs": "What is deep learning?"}, {"inputs": ["a cat", "a dog"]}]
-        },
-    )
-    inputs: Texts = Field(description="One text, or a list of texts")
+from pydantic import BaseModel, Field, PrivateAttr, RootModel
 
 
 class SparseValue(BaseModel):
@@ -27,15 +15,6 @@ class SparseEmbedResponse(RootModel[list[list[SparseValue]]]):
     """Per input, in order, its nonzero weights by increasing index (TEI's shape)."""
 
     _headers: dict[str, str] = PrivateAttr(default_factory=dict)
-
-
-class EmbedAllRequest(EmbedOptions):
-    model_config = ConfigDict(
-        extra="forbid",
-        protected_namespaces=(),
-        json_schema_extra={"examples": [{"inputs": "What is deep learning?"}]},
-    )
-    inputs: Texts = Field(description="One text, or a list of texts")
 
 
 class EmbedAllResponse(RootModel[list[list[list[float]]]]):

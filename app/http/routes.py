@@ -43,16 +43,16 @@ from app.http.rerank_schemas import (
     RerankRequest,
     RerankResponse,
 )
+from app.http.retrieval_schemas import EmbedAllResponse, SparseEmbedResponse
 from app.http.schemas import (
     ChoiceRequest,
     ChoiceResponse,
     ClassifyBatchResponse,
     ClassifyRequest,
     ClassifyResult,
-    EmbedAllRequest,
-    EmbedAllResponse,
     EmbedRequest,
     EmbedResponse,
+    EmbedTextsRequest,
     NERRequest,
     NERResponse,
     OpenAIEmbeddingRequest,
@@ -61,8 +61,6 @@ from app.http.schemas import (
     QAResponse,
     SimilarityRequest,
     SimilarityResponse,
-    SparseEmbedRequest,
-    SparseEmbedResponse,
 )
 from app.http.service_schemas import (
     HealthResponse,
@@ -270,7 +268,7 @@ async def embed(body: EmbedRequest, request: Request, response: Response) -> Any
     summary=TASKS["sparse"].summary,
     responses=TASK_RESPONSES,
 )
-async def embed_sparse(body: SparseEmbedRequest, request: Request, response: Response) -> Any:
+async def embed_sparse(body: EmbedTextsRequest, request: Request, response: Response) -> Any:
     return await serve(request, response, SparseEmbedService, body)
 
 
@@ -280,7 +278,7 @@ async def embed_sparse(body: SparseEmbedRequest, request: Request, response: Res
     summary="A vector per token, for late interaction (text-embeddings-inference's /embed_all)",
     responses=TASK_RESPONSES,
 )
-async def embed_all(body: EmbedAllRequest, request: Request, response: Response) -> Any:
+async def embed_all(body: EmbedTextsRequest, request: Request, response: Response) -> Any:
     return await serve(request, response, EmbedService, body, EmbedService.embed_all)
 
 

@@ -19,6 +19,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.core.scheduling import MAX_TIMEOUT_MS, PRIORITY_HEADER, TIMEOUT_HEADER
+from app.http.retrieval_schemas import EmbedAllResponse, SparseEmbedResponse  # noqa: F401 - the registry's
 from app.models.repository import MODEL_NAME
 
 
@@ -311,8 +312,8 @@ class EmbedOptions(Request):
     )
     prompt_name: str | None = Field(
         None,
-        description="One of the model's prompts (sentence-transformers' config_sentence_transformers.json, "
-        "e.g. e5's query / passage), put before each text; unset: the model's default prompt, if any",
+        description="A prompt of the model (config_sentence_transformers.json, e.g. e5's query) before each "
+        "text; unset: the model's default prompt, if it has one",
     )
 
 
@@ -333,6 +334,13 @@ class EmbedResponse(RootModel[list[list[float]]]):
 
     # Response headers the service sets (what happened to long inputs); routes.serve sends them.
     _headers: dict[str, str] = PrivateAttr(default_factory=dict)
+
+
+class EmbedTextsRequest(EmbedOptions):
+    """TEI's /embed_sparse and /embed_all (answers: app/http/retrieval_schemas.py)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    inputs: Texts = Field(description="One text, or a list of texts")
 
 
 class OpenAIEmbeddingRequest(EmbedOptions):
@@ -399,12 +407,3 @@ class SimilarityResponse(RootModel[list[float]]):
 
     # Response headers the service sets (what happened to long inputs); routes.serve sends them.
     _headers: dict[str, str] = PrivateAttr(default_factory=dict)
-
-
-# TEI's sparse and per-token outputs, defined beside their routes' other schemas.
-from app.http.retrieval_schemas import (  # noqa: E402, F401
-    EmbedAllRequest,
-    EmbedAllResponse,
-    SparseEmbedRequest,
-    SparseEmbedResponse,
-)

@@ -85,7 +85,8 @@ def test_modernbert_matches_transformers_on_its_saved_checkpoint(name, pooling, 
 def test_older_configs_name_the_period_and_the_two_bases(tmp_path):
     config = modernbert.ModernBertConfig.from_dict(
         {"model_type": "modernbert", "num_hidden_layers": 5, "global_attn_every_n_layers": 2,
-         "global_rope_theta": 80000.0, "local_rope_theta": 5000.0, "hidden_size": 32, "num_attention_heads": 4}
+         "global_rope_theta": 80000.0, "local_rope_theta": 5000.0, "hidden_size": 32,
+         "num_attention_heads": 4}
     )  # fmt: skip
     assert config.layer_types == ["full_attention", "sliding_attention"] * 2 + ["full_attention"]
     assert config.rope_theta("full_attention") == 80000.0 and config.rope_theta("sliding_attention") == 5000.0

@@ -65,7 +65,7 @@ def command(name: str, endpoint: str, port: int, entry: dict[str, Any], args) ->
         floor = {
             "ort": f"pipeline_server --ort --{endpoint} {bundle} --variant {VARIANT}",
             "pipeline": f"pipeline_server --{endpoint} {checkpoint} --bundle {bundle}",
-        }.get(name) or f"peer_server st --embed {peer_envs.minilm_dir()}"
+        }.get(name) or f"peer_server st --embed {common.resolve_checkpoint(bundle, None, endpoint)[0]}"
         return f"{py} -m benchmarks.{floor} --port {port}".split(), {}, "/ready"
     if name.startswith("ours"):  # ours, its variants and ablations
         models_dir = args.work_dir / "models-dir" / endpoint

@@ -111,3 +111,18 @@ def test_the_local_window_is_what_separates_local_from_global_layers():
         a, b = model(ids).last_hidden_state, model(changed).last_hidden_state
     assert torch.equal(a[0, 0], b[0, 0])  # 2 layers x 8 tokens each side reach position 16, not 30
     assert not torch.equal(a[0, 29], b[0, 29])
+
+
+def test_sentence_embedding_and_sparse_heads_on_the_masked_lm_checkpoint(tmp_path):
+    theirs = widened(transformers.ModernBertForMaskedLM(hf_config()))
+    theirs.save_pretrained(tmp_path)
+    ids, mask = padded()
+    embed = modernbert.ModernBertForSentenceEmbedding.from_pretrained(tmp_path, pooling="cls").eval()
+    sparse = modernbert.ModernBertForSparseEmbedding.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        hidden = theirs.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        logits = theirs(input_ids=ids, attention_mask=mask).logits
+        vectors, weights = embed(ids, mask).embeddings, sparse(ids, mask).sparse
+    torch.testing.assert_close(vectors, hidden[:, 0], atol=TOL, rtol=0)
+    expected = (torch.log1p(torch.relu(logits)) * mask.unsqueeze(-1)).max(dim=1).values
+    torch.testing.assert_close(weights, expected, atol=TOL, rtol=0)

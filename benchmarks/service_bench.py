@@ -61,6 +61,12 @@ def our_server(bundles: list[Path], port: int, models_dir: Path, env: dict[str, 
     return command.split(), {"MODELS_DIR": str(models_dir), "CPU_VARIANT": VARIANT, "DEVICE": "cpu", **env}
 
 
+def st_folder(bundle: Path) -> Path:
+    """The embed bundle's own sentence-transformers folder (MiniLM's through its link in .cache)."""
+    minilm = "minilm" in bundle.name
+    return peer_envs.minilm_dir() if minilm else common.resolve_checkpoint(bundle, None, "embed")[0]
+
+
 def command(name: str, endpoint: str, port: int, entry: dict[str, Any], args) -> tuple[list, dict, str]:
     """(argv, environment, readiness path) of one server for one endpoint. No path here holds a space."""
     bundle, checkpoint, py = Path(entry["bundle"]), entry.get("checkpoint"), sys.executable
@@ -68,7 +74,7 @@ def command(name: str, endpoint: str, port: int, entry: dict[str, Any], args) ->
         floor = {
             "ort": f"pipeline_server --ort --{endpoint} {bundle} --variant {VARIANT}",
             "pipeline": f"pipeline_server --{endpoint} {checkpoint} --bundle {bundle}",
-        }.get(name) or f"peer_server st --embed {peer_envs.minilm_dir()}"
+        }.get(name) or f"peer_server st --embed {st_folder(bundle)}"
         return f"{py} -m benchmarks.{floor} --port {port}".split(), {}, "/ready"
     if name.startswith("ours"):  # ours, its variants and ablations
         models_dir = args.work_dir / "models-dir" / endpoint

@@ -19,12 +19,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m export",
         description=(
-            "Export a fine-tuned BERT checkpoint, as `transformers` save_pretrained or this project's "
+            "Export a fine-tuned BERT, MPNet or ModernBERT checkpoint (config.json model_type), as "
+            "`transformers` save_pretrained or this project's "
             "trainer writes it, to a self-describing bundle: ONNX variants, tokenizer files and "
             "bundle.json with hashes and verification / fusion / quantization reports. The head comes "
             "from config.json `architectures` (BertForSequenceClassification, BertForTokenClassification, "
             "BertForMultipleChoice, BertForQuestionAnswering; BertModel or a sentence-transformers folder: "
-            "embed) or --task, the labels from `id2label`, regression from `problem_type` or a single "
+            "embed; MPNet... and ModernBert... alike) or --task (sparse: a masked-LM checkpoint as SPLADE), "
+            "the labels from `id2label`, regression from `problem_type` or a single "
             "label. Fails (exit 1, nothing written) when the ONNX graph disagrees with PyTorch."
         ),
     )

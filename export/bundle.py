@@ -7,6 +7,7 @@ and `bundle.json` describing the task, labels, I/O names, hashes and the export 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -279,6 +280,10 @@ def manifest_from_dict(data: dict[str, Any], where: str = MANIFEST_NAME) -> Bund
             raise BundleError(
                 f"{where}: an embed bundle needs pooling.mode, one of {', '.join(POOLING_MODES)}"
             )
+        dense = pooling.get("dense")
+        if dense is not None:
+            _require(dense, ("file", "sha256", "bytes", "activations"), f"{where}: pooling.dense")
+            _check_file_name(dense["file"], "pooling.dense")
     if not data["variants"]:
         raise BundleError(f"{where}: no variants listed")
     variants = {}
@@ -352,6 +357,29 @@ def verify_bundle_files(bundle_dir: str | Path, manifest: BundleManifest, varian
     _check_file(bundle_dir / manifest._variant(variant).file, manifest.variants[variant])
     for name, info in manifest.tokenizer_files.items():
         _check_file(bundle_dir / name, info)
+    dense = (manifest.pooling or {}).get("dense")
+    if dense:
+        _check_file(bundle_dir / dense["file"], FileInfo(dense["sha256"], dense["bytes"]))
+
+
+def dense_layers(bundle_dir: str | Path, manifest: BundleManifest) -> list[tuple[Any, Any, str]]:
+    """The sentence encoder's Dense layers (weight, bias or None, activation), in order: [] if none."""
+    dense = (manifest.pooling or {}).get("dense")
+    if not dense:
+        return []
+    import io
+
+    import numpy as np
+
+    # Checked on the very bytes then parsed: the file is never read twice.
+    data = (Path(bundle_dir) / dense["file"]).read_bytes()
+    if len(data) != dense["bytes"] or hashlib.sha256(data).hexdigest() != dense["sha256"]:
+        raise BundleError(f"{dense['file']} does not match the size and sha256 {MANIFEST_NAME} lists")
+    with np.load(io.BytesIO(data)) as arrays:
+        return [
+            (arrays[f"weight_{i}"], arrays[f"bias_{i}"] if f"bias_{i}" in arrays else None, activation)
+            for i, activation in enumerate(dense["activations"])
+        ]
 
 
 def _jsonable(value: Any) -> Any:

@@ -52,7 +52,7 @@ ARCHITECTURE_TASKS = {
 def checkpoint_task(config: BertConfig, where: str, requested: str | None = None) -> str:
     """The task head a checkpoint was fine-tuned for: `requested` (--task), else config.task (our
     trainer's), else what `architectures` names. Refuses a request that contradicts the config."""
-    architectures = config.extra.get("architectures") or []
+    architectures = list(config.extra.get("architectures") or [])
     declared = {ARCHITECTURE_TASKS[a] for a in architectures if a in ARCHITECTURE_TASKS}
     if config.task is not None:
         declared.add(config.task)

@@ -205,8 +205,11 @@ def export_bundle(
             },
             tokenizer_files=copy_tokenizer(checkpoint_dir, stage),
             qa_defaults=qa,
-            pooling=encoder.manifest(config.hidden_size) if encoder else None,
-            preprocessing=preprocessing_rules(config, task),
+            pooling=encoder.manifest(config.hidden_size, stage) if encoder else None,
+            preprocessing={
+                **preprocessing_rules(config, task),
+                **(encoder.prompt_rules() if encoder else {}),
+            },
             reranker=is_reranker(config, task, reranker),
             verification=run.verification,
             optimization=run.optimization,

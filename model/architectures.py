@@ -40,12 +40,16 @@ class Architecture:
     pooler: bool = True  # the base model has BERT's tanh pooler
     positions_skip_padding: bool = False  # RoBERTa: positions count real tokens from pad_token_id + 1
     tokenizer: str = "WordPiece"  # what its tokenizer.json usually holds (docs only)
+    # An architecture of its own in model/<module>.py (config class, encoder, TASK_HEADS), its weights
+    # under their own names; None: BERT's modules with the switches above.
+    module: str | None = None
 
 
 # RoBERTa, XLM-R and CamemBERT: their own classification and masked-LM heads, BERT's others.
 ROBERTA_HEADS = {
     "classify": "roberta.RobertaForSequenceClassification",
     MASKED_LM: "roberta.RobertaForMaskedLM",
+    "sparse": "roberta.RobertaForSparseEmbedding",
 }
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
@@ -93,6 +97,7 @@ ARCHITECTURES: dict[str, Architecture] = {
                 "classify": "distilbert.DistilBertForSequenceClassification",
                 "multiple-choice": "distilbert.DistilBertForMultipleChoice",
                 MASKED_LM: "distilbert.DistilBertForMaskedLM",
+                "sparse": "distilbert.DistilBertForSparseEmbedding",
             },
             config_names={
                 "dim": "hidden_size",
@@ -116,6 +121,11 @@ ARCHITECTURES: dict[str, Architecture] = {
                 (".output_layer_norm.", ".output.LayerNorm."),
             ),
             pooler=False,
+        ),
+        # Their own modules: MPNet's relative-position bias, ModernBERT's rotary/local-global layers.
+        Architecture("mpnet", "MPNet", "mpnet", positions_skip_padding=True, module="mpnet"),
+        Architecture(
+            "modernbert", "ModernBert", "model", pooler=False, tokenizer="byte-level BPE", module="modernbert"
         ),
     )
 }
@@ -161,8 +171,15 @@ def architecture(model_type: str | None, where: str = "checkpoint") -> Architect
 def head_class(model_type: str | None, task: str) -> str:
     """Our head for `task` (or MASKED_LM) on this architecture, as "module.Class" inside model/."""
     arch = architecture(model_type)
+    if arch.module is not None:  # its TASK_HEADS, named as BERT's with its own stem
+        head = TASKS[task].head if task in TASKS else "BertForMaskedLM"
+        return f"{arch.module}.{head.replace('Bert', arch.hf_name, 1)}"
     if task in arch.heads:
         return arch.heads[task]
+    if task == "sparse" and MASKED_LM not in arch.heads:
+        raise UnsupportedArchitecture(
+            f"model_type {arch.model_type!r} has no masked-LM head, so no sparse vectors"
+        )
     if task not in TASKS:
         raise UnsupportedArchitecture(f"model_type {arch.model_type!r} has no {task} head here")
     return f"bert.{TASKS[task].head}"
@@ -187,6 +204,8 @@ def head_type(model_type: str | None, task: str):
 
 def ours_from_theirs(key: str, arch: Architecture) -> str:
     """A transformers weight name -> ours: the encoder under `bert.`, BERT's module names."""
+    if arch.module is not None:
+        return key
     if key.startswith(arch.prefix + "."):
         key = "bert." + key[len(arch.prefix) + 1 :]
     for theirs, ours in arch.weight_names:
@@ -196,6 +215,8 @@ def ours_from_theirs(key: str, arch: Architecture) -> str:
 
 def theirs_from_ours(key: str, arch: Architecture) -> str:
     """Our weight name -> the one transformers' class for `arch` expects."""
+    if arch.module is not None:
+        return key
     for theirs, ours in arch.weight_names:
         key = key.replace(ours, theirs)
     if key.startswith("bert."):

@@ -54,6 +54,7 @@ class HeadOutput:
     nsp_loss: Tensor | None = None
     embeddings: Tensor | None = None  # sentence embeddings, [batch, hidden]
     last_hidden_state: Tensor | None = None  # the encoder's token states, [batch, seq, hidden]
+    sparse: Tensor | None = None  # SPLADE term weights, [batch, vocab]
 
 
 # --------------------------------------------------------------------------- encoder
@@ -217,7 +218,8 @@ class BertPreTrainedModel(nn.Module):
                     module.weight.data[module.padding_idx].zero_()
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:  # ModernBERT's norms have none
+                    nn.init.zeros_(module.bias)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -384,7 +386,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
 
 def pool(hidden: Tensor, attention_mask: Tensor, mode: str) -> Tensor:
     """(B, T, C) token states -> (B, C), over each row's real tokens, as sentence-transformers'
-    Pooling: the mean, the first ([CLS]) token, or the per-channel maximum."""
+    Pooling: the mean, the first ([CLS]) token, the per-channel maximum, or the last token."""
     if mode == "cls":
         return hidden[:, 0]
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T) -> (B, T, 1)
@@ -392,6 +394,9 @@ def pool(hidden: Tensor, attention_mask: Tensor, mode: str) -> Tensor:
         return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
     if mode == "max":
         return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
+    if mode == "lasttoken":  # right padding: the last real token of row b is at length_b - 1
+        last = attention_mask.sum(dim=1) - 1  # (B,)
+        return hidden[torch.arange(hidden.shape[0]), last]
     raise ValueError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
 
 
@@ -402,11 +407,16 @@ class BertForSentenceEmbedding(BertPreTrainedModel):
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.pooling = config.pooling or "mean"
-        if self.pooling not in POOLING_MODES:
-            raise ValueError(f"pooling must be one of {POOLING_MODES}, got {self.pooling!r}")
+        self.pooling = self.pooling_mode(config)
         self.bert = BertModel(config, add_pooler=False)  # the tanh pooler is not part of an embedding
         self.init_weights()
+
+    @staticmethod
+    def pooling_mode(config: BertConfig) -> str:
+        mode = config.pooling or "mean"
+        if mode not in POOLING_MODES:
+            raise ValueError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
+        return mode
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
         if attention_mask is None:
@@ -487,11 +497,34 @@ class BertForMaskedLM(BertPreTrainedModel):
     def tie_weights(self) -> None:
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+    def mlm_logits(self, input_ids, attention_mask=None, token_type_ids=None) -> Tensor:
         hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
-        logits = self.cls.predictions(hidden)
+        return self.cls.predictions(hidden)  # (B, T, vocab)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        logits = self.mlm_logits(input_ids, attention_mask, token_type_ids)
         loss = mlm_loss(logits, labels) if labels is not None else None
         return HeadOutput(logits=logits, loss=loss)
+
+
+def splade(logits: Tensor, attention_mask: Tensor) -> Tensor:
+    """SPLADE's term weights: (B, T, vocab) MLM logits -> (B, vocab), the maximum over each row's
+    real tokens of log(1 + relu(logit)). Every weight is >= 0, so zeroing padding masks it exactly."""
+    weights = torch.log1p(torch.relu(logits))  # (B, T, vocab)
+    mask = attention_mask.unsqueeze(-1).to(weights.dtype)  # (B, T) -> (B, T, 1)
+    return (weights * mask).max(dim=1).values  # (B, vocab)
+
+
+class BertForSparseEmbedding(BertForMaskedLM):
+    """The masked-LM head reduced by SPLADE inside the graph: a (B, vocab) answer instead of the
+    (B, T, vocab) logits, which at 30k words would be 120 kB a token."""
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        return HeadOutput(
+            sparse=splade(self.mlm_logits(input_ids, attention_mask, token_type_ids), attention_mask)
+        )
 
 
 class BertForNextSentencePrediction(BertPreTrainedModel):

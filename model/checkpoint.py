@@ -117,19 +117,22 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
 def normalize_keys(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Their weight names -> ours (model/architectures.py: `roberta.` -> `bert.`, DistilBERT's module
-    names), legacy gamma/beta, and the `bert.` prefix added or stripped to fit `model`."""
+    names; an architecture with its own module keeps its names), legacy gamma/beta, and the base
+    prefix (`bert.`, `mpnet.` ...: the model's `base_model_prefix`) added or stripped to fit `model`."""
     arch = architecture(model.config.model_type)
-    wants_prefix = any(k.startswith("bert.") for k in model.state_dict())
+    prefix = getattr(model, "base_model_prefix", "bert") + "."
+    roots = getattr(model, "encoder_roots", ("embeddings", "embeddings_project", "encoder", "pooler"))
+    wants_prefix = any(k.startswith(prefix) for k in model.state_dict())
     out = {}
     for key, value in state.items():
         key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
         key = ours_from_theirs(key, arch)
-        has_prefix = key.startswith("bert.")
-        is_encoder = key.split(".")[0] in ("embeddings", "embeddings_project", "encoder", "pooler")
+        has_prefix = key.startswith(prefix)
+        is_encoder = key.split(".")[0] in roots
         if wants_prefix and not has_prefix and is_encoder:
-            key = "bert." + key
+            key = prefix + key
         elif not wants_prefix and has_prefix:
-            key = key[len("bert.") :]
+            key = key[len(prefix) :]
         out[key] = value
     return out
 
@@ -143,7 +146,7 @@ def extend_positions(weight: torch.Tensor, new_size: int) -> torch.Tensor:
 
 def load_pretrained(cls: type[M], directory: str | Path, **config_overrides) -> M:
     directory = resolve_base(directory)
-    config = BertConfig.from_pretrained(directory)
+    config = getattr(cls, "config_class", BertConfig).from_pretrained(directory)
     architecture(config.model_type, str(directory))  # refuses a model_type we do not implement
     for key, value in config_overrides.items():
         setattr(config, key, value)
@@ -158,8 +161,10 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides) -> 
                 f"{directory}: {key} has shape {tuple(value.shape)}, model expects {tuple(own[key].shape)}"
             )
     result = model.load_state_dict(state, strict=False)
-    missing = [k for k in result.missing_keys if k not in TIED]
-    unexpected = [k for k in result.unexpected_keys if not any(s in k for s in IGNORED_UNEXPECTED)]
+    tied = TIED | set(getattr(model, "tied_keys", ()))
+    ignored = getattr(model, "ignored_unexpected", IGNORED_UNEXPECTED)
+    missing = [k for k in result.missing_keys if k not in tied]
+    unexpected = [k for k in result.unexpected_keys if not any(s in k for s in ignored)]
     if missing:
         log.warning("%s: newly initialised (missing from checkpoint): %s", directory, ", ".join(missing))
     if unexpected:
@@ -181,8 +186,9 @@ def save_pretrained(
     config.save_pretrained(directory)
     state = {}
     seen: set[int] = set()
+    tied = TIED | set(getattr(model, "tied_keys", ()))
     for key, tensor in model.state_dict().items():
-        if tensor.data_ptr() in seen and key in TIED:
+        if tensor.data_ptr() in seen and key in tied:
             continue  # tied to the word embeddings; safetensors refuses shared storage
         seen.add(tensor.data_ptr())
         state[theirs_from_ours(key, arch)] = tensor.detach().contiguous().cpu()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .architectures import ARCHITECTURES
 
@@ -19,6 +19,8 @@ CONFIG_NAME = "config.json"
 
 @dataclass
 class BertConfig:
+    MODEL_TYPE: ClassVar[str] = "bert"  # config.json's model_type; subclasses for other architectures
+    POSITION_OFFSET: ClassVar[int] = 0  # position table rows before the first token's
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -51,6 +53,8 @@ class BertConfig:
             )
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+        if self.model_type == "bert":  # an architecture's own config class (model/mpnet.py) names its row
+            self.model_type = self.MODEL_TYPE
 
     @property
     def num_labels(self) -> int:
@@ -64,6 +68,8 @@ class BertConfig:
     def max_tokens(self) -> int:
         """The longest input the position table covers: RoBERTa's positions start after the
         padding index, so 514 positions hold 512 tokens."""
+        if self.POSITION_OFFSET:  # MPNet: positions start at padding_idx + 1 = 2, whatever its pad id
+            return self.max_position_embeddings - self.POSITION_OFFSET
         if ARCHITECTURES.get(self.model_type, ARCHITECTURES["bert"]).positions_skip_padding:
             return self.max_position_embeddings - self.pad_token_id - 1
         return self.max_position_embeddings

@@ -6,6 +6,7 @@ Token classification and QA are BERT's heads; `distilbert.` weights are renamed 
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -17,6 +18,7 @@ from .bert import (
     flat_choices,
     mlm_loss,
     sequence_loss,
+    splade,
 )
 from .config import BertConfig
 
@@ -76,3 +78,13 @@ class DistilBertForMaskedLM(BertPreTrainedModel):
         x = self.vocab_layer_norm(self.act(self.vocab_transform(hidden)))
         logits = self.vocab_projector(x)  # (B, T, C) -> (B, T, vocab)
         return HeadOutput(logits=logits, loss=mlm_loss(logits, labels) if labels is not None else None)
+
+
+class DistilBertForSparseEmbedding(DistilBertForMaskedLM):
+    """SPLADE's term weights from the masked-LM logits, reduced inside the graph (model.bert.splade)."""
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        logits = super().forward(input_ids, attention_mask, token_type_ids).logits  # (B, T, vocab)
+        return HeadOutput(sparse=splade(logits, attention_mask))  # (B, vocab)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .bert import BertModel, BertPreTrainedModel, HeadOutput, mlm_loss, sequence_loss
+from .bert import BertModel, BertPreTrainedModel, HeadOutput, mlm_loss, sequence_loss, splade
 from .config import BertConfig
 
 
@@ -76,3 +76,13 @@ class RobertaForMaskedLM(BertPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         logits = self.lm_head(self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state)
         return HeadOutput(logits=logits, loss=mlm_loss(logits, labels) if labels is not None else None)
+
+
+class RobertaForSparseEmbedding(RobertaForMaskedLM):
+    """SPLADE's term weights from the masked-LM logits, reduced inside the graph (model.bert.splade)."""
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        logits = super().forward(input_ids, attention_mask, token_type_ids).logits  # (B, T, vocab)
+        return HeadOutput(sparse=splade(logits, attention_mask))  # (B, vocab)

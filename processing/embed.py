@@ -16,7 +16,14 @@ import numpy as np
 from .classify import encode_for_classify
 from .tokenizer import Encoding, TextTokenizer
 
-POOLING_MODES = ("mean", "cls", "max")  # model.bert.pool computes them in the graph
+POOLING_MODES = ("mean", "cls", "max", "lasttoken")  # as sentence-transformers' Pooling names them
+# A sentence-transformers Dense module's activation (export.sentence_encoder.DENSE_ACTIVATIONS).
+DENSE_ACTIVATIONS = {
+    "identity": lambda x: x,
+    "tanh": np.tanh,
+    "relu": lambda x: np.maximum(x, 0),
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+}
 TRUNCATION_SIDES = ("right", "left")
 NORM_EPS = 1e-12  # torch.nn.functional.normalize's, which sentence-transformers' Normalize uses
 
@@ -44,14 +51,16 @@ def encode_for_embed(
 
 def pool_tokens(states: np.ndarray, mode: str) -> np.ndarray:
     """[tokens, hidden] states of one sequence's real tokens -> [hidden], as sentence-transformers'
-    Pooling does: their mean, the first ([CLS]) one, or the per-channel maximum. Pooled over the
-    row's own tokens, a vector cannot depend on the padding its batch gave it."""
+    Pooling does: their mean, the first ([CLS]) one, the per-channel maximum, or the last one.
+    Pooled over the row's own tokens, a vector cannot depend on the padding its batch gave it."""
     if mode == "mean":
         return states.mean(axis=0, dtype=np.float32)
     if mode == "cls":
         return states[0]
     if mode == "max":
         return states.max(axis=0)
+    if mode == "lasttoken":
+        return states[-1]
     raise ValueError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
 
 
@@ -64,10 +73,23 @@ def pool_windows(vectors: np.ndarray, lengths: list[int], mode: str) -> np.ndarr
         return vectors[0]
     if mode == "max":
         return vectors.max(axis=0)
+    if mode == "lasttoken":  # the text's last token is the last window's
+        return vectors[-1]
     if mode not in POOLING_MODES:
         raise ValueError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
     weights = np.asarray(lengths, dtype=np.float32)[:, None]
     return (vectors * weights).sum(axis=0) / weights.sum()
+
+
+def apply_dense(vectors: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray | None, str]]) -> np.ndarray:
+    """sentence-transformers' Dense modules on pooled [..., in] vectors: activation(x W^T + b), in order."""
+    x = np.asarray(vectors, dtype=np.float32)
+    for weight, bias, activation in layers:
+        x = x @ weight.T
+        if bias is not None:
+            x = x + bias
+        x = DENSE_ACTIVATIONS[activation](x).astype(np.float32)
+    return x
 
 
 def normalize(vectors: np.ndarray) -> np.ndarray:

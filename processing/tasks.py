@@ -6,9 +6,9 @@ Per-side tables keyed by task name (model.bert.TASK_HEADS, app.services.SERVICES
 train.features.TASK_FEATURES, train.readers.FORMATS) are checked against it by tests/test_tasks.py.
 
 Adding a task: declare it here, then write its pre/post-processing (processing/<task>.py),
-its head (model/bert.py), its service and schemas (app/api/: TASK_SCHEMAS names them), and, if it is trained here
-(`trained=True`), its feature class (train/features.py) and a reader; README "Adding a task"
-lists the places.
+its head (model/bert.py), its service and schemas (app/api/: TASK_SCHEMAS names them), and,
+if it is trained here (`trained=True`), its feature class (train/features.py) and a reader;
+README "Adding a task" lists the places.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ class Tensor:
     datatype: str  # BYTES: text, or JSON where the value is not a string; FP32, INT64, BOOL
     shape: tuple[int, ...]  # -1: any size
     field: str = ""
-    optional: bool = False  # inputs only
+    optional: bool = False  # an input the request may leave out; an output sent only when asked for
+    method: str = ""  # an output another method of the task's service answers (default: the service itself)
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -180,13 +181,32 @@ TASKS: dict[str, TaskSpec] = {
             # (docs/decisions.md).
             outputs=(("last_hidden_state", ("batch", "sequence", "hidden")),),
             # A row's text is the native request's `inputs`; its vector, row 0 of the bare-list answer.
+            # `token_embeddings` (asked for by name): /embed_all's JSON [tokens, hidden] per row.
             v2=V2(
                 inputs=(Tensor("inputs", "BYTES", ROW),),
-                outputs=(Tensor("embedding", "FP32", (-1, -1), "0"),),
+                outputs=(
+                    Tensor("embedding", "FP32", (-1, -1), "0"),
+                    Tensor("token_embeddings", "BYTES", ROW, "0", optional=True, method="embed_all"),
+                ),
             ),
             architectures=("BertModel",),  # a base encoder (or sentence-transformers' module 0)
             trained=False,
-            protocol_paths=("/v1/embeddings", "/similarity"),
+            protocol_paths=("/v1/embeddings", "/similarity", "/embed_all"),
+        ),
+        TaskSpec(
+            name="sparse",
+            path="/embed_sparse",
+            summary="Sparse (SPLADE) embeddings: each text's nonzero vocabulary weights "
+            "(text-embeddings-inference's /embed_sparse)",
+            head="BertForSparseEmbedding",
+            metric=None,
+            token_axes=TOKENS,
+            # SPLADE reduced inside the graph (model.bert.splade): a row's weights over the vocabulary,
+            # not its (sequence, vocab) logits.
+            outputs=(("sparse", ("batch", "vocab")),),
+            # A row's text is the native request's `inputs`; its [{"index", "value"}] JSON: answer row 0.
+            v2=V2(inputs=(Tensor("inputs", "BYTES", ROW),), outputs=(Tensor("sparse", "BYTES", ROW, "0"),)),
+            trained=False,  # exported from a masked-LM checkpoint with --task sparse
         ),
     )
 }

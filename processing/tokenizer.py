@@ -122,19 +122,40 @@ PAD_TOKENS, UNK_TOKENS, MASK_TOKENS = ("[PAD]", "<pad>"), ("[UNK]", "<unk>"), ("
 SPACES = np.array([c for c in range(0x3100) if chr(c).isspace()], dtype=np.uint32)
 
 
+def special_tokens(config: dict) -> dict[str, str]:
+    """The special tokens tokenizer_config.json names (`pad_token` ...: a string or {"content": ...}).
+    They outrank the spelling lists: MPNet's vocabulary holds unused [PAD]/[UNK] beside its <pad>/<unk>."""
+    out = {}
+    for role in ("pad", "unk", "mask"):
+        value = config.get(f"{role}_token")
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            out[role] = value
+    return out
+
+
 class TextTokenizer:
-    def __init__(self, tokenizer: Tokenizer, do_lower_case: bool = True):
+    def __init__(
+        self, tokenizer: Tokenizer, do_lower_case: bool = True, specials: dict[str, str] | None = None
+    ):
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self.tokenizer = tokenizer
         self.do_lower_case = do_lower_case
         vocab = tokenizer.get_vocab()
-        pad = next((vocab[t] for t in PAD_TOKENS if t in vocab), None)
-        unk = next((vocab[t] for t in UNK_TOKENS if t in vocab), None)
+        named = specials or {}
+
+        def find(role: str, spellings: tuple[str, ...]) -> int | None:
+            if named.get(role) in vocab:
+                return vocab[named[role]]
+            return next((vocab[t] for t in spellings if t in vocab), None)
+
+        pad, unk = find("pad", PAD_TOKENS), find("unk", UNK_TOKENS)
         if pad is None or unk is None:
             raise ValueError(f"vocabulary lacks a padding or unknown token ({PAD_TOKENS}, {UNK_TOKENS})")
         self.pad_id, self.unk_id = pad, unk
-        self.mask_id = next((vocab[t] for t in MASK_TOKENS if t in vocab), unk)
+        mask = find("mask", MASK_TOKENS)
+        self.mask_id = unk if mask is None else mask
         self.vocab_size = tokenizer.get_vocab_size()
         self.single, self.pair = self._layouts(tokenizer, vocab)
         self.cls_id = self.single.parts[0].ids[0]  # BERT pretraining builds its own pairs from these
@@ -166,7 +187,7 @@ class TextTokenizer:
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
         lower = bool(config.get("do_lower_case", True))
         if (directory / "tokenizer.json").exists():
-            return cls(Tokenizer.from_file(str(directory / "tokenizer.json")), lower)
+            return cls(Tokenizer.from_file(str(directory / "tokenizer.json")), lower, special_tokens(config))
         if (directory / "vocab.txt").exists():
             wordpiece = BertWordPieceTokenizer(str(directory / "vocab.txt"), lowercase=lower)
             return cls(wordpiece._tokenizer, lower)

@@ -74,6 +74,7 @@ def test_the_registry_derives_each_task_s_shape_properties() -> None:
         "multiple-choice": (True, False, False),
         "qa": (False, False, True),
         "embed": (False, False, True),  # token states, pooled by processing/embed.py
+        "sparse": (False, False, False),  # SPLADE reduced in the graph: a weight per vocabulary entry
     }
 
 

@@ -29,6 +29,7 @@ from app.api.rerank_schemas import (
     RerankRequest,
     RerankResponse,
 )
+from app.api.retrieval_schemas import EmbedAllResponse, EmbedTextsRequest, SparseEmbedResponse
 from app.api.scheduling import schedule_for
 from app.api.schemas import (
     ChoiceRequest,
@@ -65,6 +66,7 @@ from app.api.serving.services import (
     service_of,
     tokenize_texts,
 )
+from app.api.serving.sparse_service import SparseEmbedService
 from app.api.serving.task_service import TaskService, Timings
 from app.engine.batch_types import Schedule
 from app.errors import NoModel, hide_paths
@@ -244,6 +246,26 @@ async def qa(body: QARequest, request: Request, response: Response) -> Any:
 )
 async def embed(body: EmbedRequest, request: Request, response: Response) -> Any:
     return await serve(request, response, EmbedService, body)
+
+
+@router.post(
+    "/embed_sparse",
+    response_model=SparseEmbedResponse,
+    summary=TASKS["sparse"].summary,
+    responses=TASK_RESPONSES,
+)
+async def embed_sparse(body: EmbedTextsRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, SparseEmbedService, body)
+
+
+@router.post(
+    "/embed_all",
+    response_model=EmbedAllResponse,
+    summary="A vector per token, for late interaction (text-embeddings-inference's /embed_all)",
+    responses=TASK_RESPONSES,
+)
+async def embed_all(body: EmbedTextsRequest, request: Request, response: Response) -> Any:
+    return await serve(request, response, EmbedService, body, EmbedService.embed_all)
 
 
 @router.post(

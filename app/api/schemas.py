@@ -320,7 +320,9 @@ class EmbedOptions(Request):
         "right", description="Which end truncation keeps: right cuts the end"
     )
     prompt_name: str | None = Field(
-        None, description="Accepted for TEI clients; this service's models have no prompts"
+        None,
+        description="A prompt of the model (config_sentence_transformers.json, e.g. e5's query) before each "
+        "text; unset: the model's default prompt, if it has one",
     )
 
 

@@ -237,7 +237,7 @@ def validation_message(error: ValidationError, row: int, inputs: set[str]) -> st
 def requested_outputs(spec: TaskSpec, request: V2InferRequest) -> list[Tensor]:
     declared = {t.name: t for t in spec.v2.outputs}
     if request.outputs is None:
-        return list(spec.v2.outputs)
+        return [t for t in spec.v2.outputs if not t.optional]
     chosen: list[Tensor] = []
     for output in request.outputs:
         if output.name not in declared:
@@ -249,6 +249,18 @@ def requested_outputs(spec: TaskSpec, request: V2InferRequest) -> list[Tensor]:
         check_tensor_parameters(output.parameters, f"output {output.name!r}")
         chosen.append(declared[output.name])
     return chosen
+
+
+async def answer_outputs(
+    service: TaskService, rows: list[BaseModel], outputs: list[Tensor], timings: Timings
+) -> list[V2OutputTensor]:
+    """The requested outputs, each from the answers of the service method that gives it (the service
+    itself, or e.g. EmbedService.embed_all for token_embeddings), each method run once."""
+    methods = list(dict.fromkeys(t.method for t in outputs))
+    answers = {m: await infer_rows(getattr(service, m) if m else service, rows, timings) for m in methods}
+    encoded = {m: encode([t for t in outputs if t.method == m], answers[m]) for m in methods}
+    by_name = {tensor.name: tensor for tensors in encoded.values() for tensor in tensors}
+    return [by_name[t.name] for t in outputs]
 
 
 async def infer_rows(service: TaskService, rows: list[BaseModel], timings: Timings) -> list[BaseModel]:

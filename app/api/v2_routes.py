@@ -139,12 +139,9 @@ async def infer(
     schedule = schedule_for(request.headers, decoded.timeout_ms, decoded.priority, max_queue_ms)
 
     async def work(bundle: Bundle, timings: Timings) -> V2InferResponse:
-        answers = await v2.infer_rows(bundle.service, decoded.rows, timings)
+        outputs = await v2.answer_outputs(bundle.service, decoded.rows, decoded.outputs, timings)
         return V2InferResponse(
-            model_name=bundle.name,
-            model_version=bundle.version,
-            id=body.id,
-            outputs=v2.encode(decoded.outputs, answers),
+            model_name=bundle.name, model_version=bundle.version, id=body.id, outputs=outputs
         )
 
     answer = await run_leased(request, response, model.task, name, work, schedule, version)

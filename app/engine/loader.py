@@ -41,7 +41,7 @@ from export.bundle import (
 )
 from export.invariance import batch_invariance
 from processing.tasks import TASKS
-from processing.tokenizer import TextTokenizer
+from processing.tokenizer import TextTokenizer, special_tokens
 
 MB = 1 << 20
 
@@ -167,13 +167,15 @@ def tokenizer_from_verified(files: dict[str, bytes], do_lower_case: bool) -> Tex
     """The tokenizer from the listed, verified files only (never another file of the directory):
     tokenizer.json if listed, else vocab.txt; casing from a listed tokenizer_config.json, else the
     manifest's do_lower_case."""
-    lower = do_lower_case
+    lower, specials = do_lower_case, {}
     try:
         if "tokenizer_config.json" in files:
             config = json.loads(files["tokenizer_config.json"])
-            lower = bool(config.get("do_lower_case", True)) if isinstance(config, dict) else lower
+            if isinstance(config, dict):
+                lower, specials = bool(config.get("do_lower_case", True)), special_tokens(config)
         if "tokenizer.json" in files:
-            return TextTokenizer(Tokenizer.from_str(files["tokenizer.json"].decode("utf-8")), lower)
+            tokenizer = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
+            return TextTokenizer(tokenizer, lower, specials)
         if "vocab.txt" in files:
             tokens = files["vocab.txt"].decode("utf-8").splitlines()
             vocab = {token: i for i, token in enumerate(tokens)}

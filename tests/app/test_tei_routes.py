@@ -146,7 +146,8 @@ async def test_openai_models_and_embedding_model_names(served):
     unknown = (await post(client, "/v1/embeddings", {"input": "a cat", "model": "nope"}, 404)).json()
     other_task = (await post(client, "/v1/embeddings", {"input": "a cat", "model": "classify"}, 404)).json()
     assert listed["object"] == "list"
-    assert {m["id"] for m in listed["data"]} == {"classify", "ner", "multiple-choice", "qa", "embed"}
+    tasks = {"classify", "ner", "multiple-choice", "qa", "embed", "sparse"}
+    assert {m["id"] for m in listed["data"]} == tasks
     for model in listed["data"]:
         assert model["object"] == "model" and model["owned_by"] and model["created"] > 1_600_000_000
         assert set(model) == {"id", "object", "created", "owned_by"}

@@ -134,12 +134,19 @@ def test_a_plain_bert_model_is_a_mean_pooled_encoder_like_transformers(tmp_path)
     ("pooling", "extra", "message"),
     [
         ({"pooling_mode": "weightedmean"}, None, "pooling mode 'weightedmean' is not supported"),
-        ({"pooling_mode": ["mean", "max"]}, None, "exactly one of mean, cls, max"),
+        ({"pooling_mode": ["mean", "max"]}, None, "exactly one of mean, cls, max, lasttoken"),
         ({"pooling_mode_mean_tokens": False}, None, "pooling modes none"),
         (
             {"pooling_mode": "mean"},
-            [{"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}],
-            "lists modules ['Transformer', 'Pooling', 'Dense']",
+            [
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_LayerNorm",
+                    "type": "sentence_transformers.models.LayerNorm",
+                }
+            ],
+            "lists modules ['Transformer', 'Pooling', 'LayerNorm']",
         ),
     ],
 )

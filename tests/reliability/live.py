@@ -90,6 +90,8 @@ def start_server(models_dir: Path, log_dir: Path, nofile: int | None = None, **e
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=None if nofile is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)),
+            preexec_fn=None
+            if nofile is None
+            else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)),
         )
     return LiveServer(process, port, log_path)

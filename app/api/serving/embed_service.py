@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.api.retrieval_schemas import EmbedAllResponse, EmbedTextsRequest
 from app.api.schemas import (
     EmbeddingData,
     EmbeddingUsage,
@@ -29,6 +30,7 @@ from app.api.serving.task_service import (
 from app.engine.protocol import EngineClient
 from app.errors import InputTooLong, InvalidInput, TooManyInputs
 from app.settings import Settings
+from export.bundle import dense_layers
 from processing import embed as embed_proc
 from processing.tokenizer import Encoding
 
@@ -53,13 +55,35 @@ class EmbedService(TaskService):
     each request becomes texts, the texts become vectors (`embed`), the vectors the protocol's reply."""
 
     task = "embed"
+    output: str | None = None  # None: the engine pools last_hidden_state; else a graph output as it is
 
     def __init__(self, bundle: ModelVersion, settings: Settings, engine: EngineClient):
         super().__init__(bundle, settings, engine)
         pooling = self.manifest.pooling or {}
         self.pooling = pooling.get("mode", "mean")
-        self.dimensions = int(self.manifest.outputs[0]["shape"][-1])
+        self.dimensions = self.width()
         self.long_text = settings.classify_long_text
+        # sentence-transformers' prompts (config_sentence_transformers.json), saved by export.
+        self.prompts: dict[str, str] = self.manifest.preprocessing.get("prompts") or {}
+        self.default_prompt: str | None = self.manifest.preprocessing.get("default_prompt_name")
+        # sentence-transformers' Dense modules after pooling (read and checked against their sha256).
+        self.dense = dense_layers(bundle.path, self.manifest) if pooling.get("dense") else []
+
+    def width(self) -> int:
+        """The vectors' size: the pooling's (after any Dense layers), else the graph's last axis."""
+        return int((self.manifest.pooling or {}).get("dimensions") or self.manifest.outputs[0]["shape"][-1])
+
+    def with_prompt(self, texts: dict[str, str], name: str | None) -> dict[str, str]:
+        """Each text behind the prompt `name` asks for (TEI's prompt_name), else the model's default."""
+        name = self.default_prompt if name is None else name
+        if name is None:
+            return texts
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise InvalidInput(
+                f"model {self.manifest.name} has no prompt {name!r}; its prompts: {known}", "prompt_name"
+            )
+        return {field: self.prompts[name] + text for field, text in texts.items()}
 
     def _encode(self, texts: dict[str, str], truncate: bool | None, side: str) -> list[list[Encoding]]:
         long_text = "truncate" if truncate is not None else self.long_text
@@ -83,10 +107,7 @@ class EmbedService(TaskService):
     ) -> Embedded:
         """The vectors of `texts` (request field name -> text; `batch` names the list), in order,
         normalized if asked."""
-        if options.prompt_name is not None:
-            raise InvalidInput(
-                f"model {self.manifest.name} has no prompts; leave prompt_name unset", "prompt_name"
-            )
+        texts = self.with_prompt(texts, options.prompt_name)
         limit = self.settings.max_batch_items
         if len(texts) > limit:
             raise TooManyInputs(
@@ -101,16 +122,20 @@ class EmbedService(TaskService):
             encoded = await cpu_step(chars, self._encode, texts, options.truncate, side)
         items = sequence_items([e for encodings in encoded for e in encodings])
         # The engine pools each sequence over its own tokens: hidden states never leave it.
-        results = await self.infer(items, timings, reduce=self.pooling)
+        reduce = self.pooling if self.output is None else None
+        results = await self.infer(items, timings, reduce=reduce)
+        key = self.output or "pooled"
         with timings.measure("postprocess"):
             vectors, cursor = [], 0
             for encodings in encoded:
-                pooled = [r.outputs["pooled"] for r in results[cursor : cursor + len(encodings)]]
+                pooled = [r.outputs[key] for r in results[cursor : cursor + len(encodings)]]
                 cursor += len(encodings)
                 vectors.append(
                     embed_proc.pool_windows(np.stack(pooled), [len(e) for e in encodings], self.pooling)
                 )
             matrix = np.stack(vectors)
+            if self.dense:
+                matrix = embed_proc.apply_dense(matrix, self.dense)
             if normalize:
                 matrix = embed_proc.normalize(matrix)
         return Embedded(
@@ -131,6 +156,33 @@ class EmbedService(TaskService):
         )
         reply = EmbedResponse.model_construct(done.vectors.tolist())  # floats already: no validation pass
         self._note(done, timings)
+        return reply
+
+    async def embed_all(self, request: EmbedTextsRequest, timings: Timings) -> EmbedAllResponse:
+        """TEI's /embed_all: every token's vector (the last hidden state), special tokens included.
+        One window per text: a long text is cut to max_seq_len (truncate unset or true) or refused."""
+        texts = self.with_prompt(fields("inputs", request.inputs), request.prompt_name)
+        limit = self.settings.max_batch_items
+        if len(texts) > limit:
+            raise TooManyInputs(
+                f"inputs has {len(texts)} texts; the limit is {limit} (MAX_BATCH_ITEMS)", "inputs"
+            )
+        for field, text in texts.items():
+            check_chars(text, self.settings.max_text_chars, field, "MAX_TEXT_CHARS")
+        truncate = True if request.truncate is None else request.truncate
+        side = request.truncation_direction.lower()
+        with timings.measure("tokenize"):
+            timings.chars += sum(map(len, texts.values()))
+            encoded = await cpu_step(timings.chars, self._encode, texts, truncate, side)
+        encodings = [e for windows in encoded for e in windows]
+        # The one route whose answer is the token states themselves: they leave the engine unpooled.
+        results = await self.infer(sequence_items(encodings), timings)
+        with timings.measure("postprocess"):
+            states = [
+                r.outputs["last_hidden_state"][: len(e)] for e, r in zip(encodings, results, strict=True)
+            ]
+            reply = EmbedAllResponse.model_construct([s.tolist() for s in states])
+        timings.truncated = [i for i, e in enumerate(encodings) if e.truncated]
         return reply
 
     async def openai(self, request: OpenAIEmbeddingRequest, timings: Timings) -> OpenAIEmbeddingResponse:

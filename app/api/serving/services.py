@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel
 
+from app.api.retrieval_schemas import EmbedTextsRequest, SparseEmbedResponse
 from app.api.schemas import (
     AnswerOut,
     ChoiceRequest,
@@ -32,6 +33,7 @@ from app.api.schemas import (
 )
 from app.api.service_schemas import TokenizeRequest, TokenOut
 from app.api.serving.embed_service import EmbedService
+from app.api.serving.sparse_service import SparseEmbedService
 from app.api.serving.task_service import (
     ModelVersion,
     TaskService,
@@ -337,6 +339,7 @@ TASK_SCHEMAS: dict[str, TaskSchemas] = {
     "multiple-choice": TaskSchemas(ChoiceRequest, (ChoiceResponse,)),
     "qa": TaskSchemas(QARequest, (QAResponse,)),
     "embed": TaskSchemas(EmbedRequest, (EmbedResponse,)),
+    "sparse": TaskSchemas(EmbedTextsRequest, (SparseEmbedResponse,)),
 }
 
 
@@ -346,6 +349,7 @@ SERVICES: dict[str, type[TaskService]] = {
     "multiple-choice": ChoiceService,
     "qa": QAService,
     "embed": EmbedService,
+    "sparse": SparseEmbedService,
 }
 
 

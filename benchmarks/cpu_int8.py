@@ -158,6 +158,7 @@ def profile(c, batch: int, seq: int, runs: int) -> dict[str, float]:
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.enable_profiling = 1, True
+    common.WORK.mkdir(parents=True, exist_ok=True)  # onnxruntime writes its profile there
     options.profile_file_prefix = str(common.WORK / "cpu_int8_profile")
     exact_int8(options, variant=c.name)
     cpu = ["CPUExecutionProvider"]

@@ -1,4 +1,4 @@
-"""Exact INT8 matmuls on every x86 CPU, so a quantized model answers alike on every machine.
+"""Exact INT8 matmuls on every x86 CPU, so each quantized variant answers alike on every machine.
 
 onnxruntime multiplies uint8 activations by int8 weights (int8-rowwise's MatMulIntegerToFloat,
 dynamic INT8's matmuls) with VNNI's or AMX's int32 dot products where the CPU has them: exact.

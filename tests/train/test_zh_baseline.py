@@ -33,9 +33,10 @@ def test_baselines_learn_the_toy_topics(tmp_path: Path) -> None:
     scores = report["baselines"]
     assert set(scores) == set(zh_baseline.BASELINES)
     assert scores["TF-IDF char 1-3-grams + LinearSVC"]["test"] == 1.0
-    assert scores["fastText-style bag of characters"]["valid"] == 1.0
-    # The majority class ("3": half the headlines) is no better than its share.
-    assert scores["majority class"]["valid"] < 0.8
+    # The majority class ("3": half the headlines) is no better than its share; the bag of
+    # characters learns the topics' characters (the shared 第/号 and digits blur a few).
+    assert scores["majority class"]["valid"] < 0.6
+    assert scores["fastText-style bag of characters"]["valid"] > scores["majority class"]["valid"] + 0.15
     saved = json.loads(out.read_text(encoding="utf-8"))
     assert saved["command"] == "python -m train.zh_baseline --data ../shared/data"
     assert sum(saved["split"].values()) == 90
@@ -53,7 +54,9 @@ def test_absent_data_skips_without_writing(tmp_path: Path) -> None:
 def test_category_names_follow_the_codes() -> None:
     # The dataset's codes 100-116 without 105 and 111, in order, are the book's labels 0-14.
     assert len(zh_baseline.CATEGORIES) == len(set(zh_baseline.CATEGORIES)) == 15
-    names = dict(zip([c for c in range(100, 117) if c not in (105, 111)], zh_baseline.CATEGORIES))
+    names = dict(
+        zip([c for c in range(100, 117) if c not in (105, 111)], zh_baseline.CATEGORIES, strict=True)
+    )
     assert (names[103], names[104], names[113], names[116]) == ("体育", "财经", "国际", "电竞")
 
 

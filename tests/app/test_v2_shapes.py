@@ -103,7 +103,11 @@ async def test_a_flood_of_binary_elements_is_refused_from_the_header(served):
 
 
 LEAF = st.one_of(
-    st.text(max_size=5), st.integers(-2, 2), st.none(), st.booleans(), st.floats(allow_nan=False, allow_infinity=False)
+    st.text(max_size=5),
+    st.integers(-2, 2),
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False),
 )
 DATA = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=4), max_leaves=12)
 SHAPES = st.lists(st.integers(0, 4), min_size=0, max_size=3)

@@ -88,10 +88,13 @@ def check_shapes(request: V2InferRequest, max_rows: int, max_row_elements: int) 
     """From the tensors' shapes alone, before any data is decoded: zero-sized axes, and more rows
     or elements than any request may hold (a cheap refusal however large the data)."""
     for tensor in request.inputs:
-        if not tensor.shape or any(d == 0 for d in tensor.shape):
-            raise InvalidTensor(
-                f"input {tensor.name!r} has shape {tensor.shape}: every axis must be at least 1"
-            )
+        if not tensor.shape:
+            continue  # a rank the task does not take: decode() names the shape it must have
+        if tensor.shape[0] == 0:
+            raise InvalidTensor(f"the batch is empty: input {tensor.name!r} has shape {tensor.shape}")
+        if 0 in tensor.shape:
+            shape = tensor.shape
+            raise InvalidTensor(f"input {tensor.name!r} has shape {shape}: every axis must be at least 1")
         if tensor.shape[0] > max_rows:
             raise TooManyInputs(
                 f"input {tensor.name!r} has {tensor.shape[0]} rows; the limit is {max_rows} "

@@ -92,12 +92,12 @@ def from_bytes(where: str, datatype: str, shape: list[int], raw: bytes) -> list[
     if datatype == "BYTES":
         elements, offset = [], 0
         while offset < len(raw):
+            if offset + LENGTH > len(raw):
+                raise InvalidTensor(f"{where}: element {len(elements)}'s 4-byte length prefix is cut off")
             if len(elements) == count:  # refused at once, however many more the data holds
                 raise InvalidTensor(
                     f"shape mismatch: {where} has shape {shape}, but its binary data holds more"
                 )
-            if offset + LENGTH > len(raw):
-                raise InvalidTensor(f"{where}: element {len(elements)}'s 4-byte length prefix is cut off")
             length = int.from_bytes(raw[offset : offset + LENGTH], "little")
             offset += LENGTH
             if offset + length > len(raw):

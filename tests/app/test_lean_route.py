@@ -181,3 +181,26 @@ def test_app_imports_no_private_fastapi_or_starlette_name():
                 if any(n.startswith("_") for n in names):
                     offenders.append(f"{path.name}:{node.lineno}")
     assert not offenders, offenders
+
+
+async def test_a_large_body_is_validated_off_the_event_loop(monkeypatch):
+    """Issue 42: a parse of more than about a millisecond leaves the event loop."""
+    import asyncio
+
+    from app.api import lean_route
+
+    threads = []
+    real = asyncio.to_thread
+
+    async def spy(func, *args):
+        threads.append(len(args[0]))
+        return await real(func, *args)
+
+    monkeypatch.setattr(lean_route.asyncio, "to_thread", spy)
+    app = twin(LeanRoute)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        small = await client.post("/echo", json={"text": "hi"})
+        large = await client.post("/echo", json={"text": "x" * (lean_route.OFF_LOOP_BYTES + 10)})
+    assert small.status_code == large.status_code == 200
+    assert len(threads) == 1 and threads[0] > lean_route.OFF_LOOP_BYTES

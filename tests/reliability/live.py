@@ -68,6 +68,10 @@ class LiveServer:
         return self.process.returncode
 
 
+def limit_files(nofile: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+
 def start_server(models_dir: Path, log_dir: Path, nofile: int | None = None, **env: str) -> LiveServer:
     """Start uvicorn on a free port with MODELS_DIR and extra settings (env names, e.g. MAX_QUEUE="8");
     `nofile`: the process's open-file limit (`ulimit -n`)."""
@@ -90,8 +94,6 @@ def start_server(models_dir: Path, log_dir: Path, nofile: int | None = None, **e
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=None
-            if nofile is None
-            else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)),
+            preexec_fn=None if nofile is None else lambda: limit_files(nofile),
         )
     return LiveServer(process, port, log_path)

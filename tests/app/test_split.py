@@ -1,8 +1,9 @@
 """One engine, many front ends (API_SERVERS, app/serve.py), as real processes on the tiny bundles:
 the same answers as one process, bit for bit; metrics counted once across processes; a live swap
 under load that loses nothing and never answers from the old version after its acknowledgement;
-a killed front end restarted while the others serve; a killed engine ending the service with
-status 1 (the documented choice); SIGTERM draining every process to exit 0."""
+a killed front end losing exactly the requests on its own connections, restarted while the others
+serve; a killed engine ending the service with status 1 (the documented choice); SIGTERM draining
+every process to exit 0."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from benchmarks.bench_common import free_port
@@ -161,24 +164,95 @@ def test_metrics_count_every_request_once_across_processes(three) -> None:
     assert count(three.url, "/ner") - before == sent  # any front end's scrape shows the same
 
 
-class Load:
-    """Clients posting /classify to `swap` until stopped; each answer's version, and any failure."""
+class Connection:
+    """One keep-alive HTTP/1.1 connection, written by hand so that the test knows which connection
+    (its local port) carried each request, and so which front end served it."""
 
-    def __init__(self, url: str, clients: int = 6):
-        self.url, self.stop, self.answers, self.failures = url, threading.Event(), [], []
+    def __init__(self, url: str):
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.port = self.sock.getsockname()[1]
+        self.buffer = b""
+
+    def post(self, path: str, body: bytes) -> tuple[int, dict[str, str]]:
+        head = f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        self.sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        while b"\r\n\r\n" not in self.buffer:
+            self._read()
+        raw, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        status_line, *lines = raw.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+        length = int(headers.get("content-length", "0"))
+        while len(self.buffer) < length:
+            self._read()
+        self.buffer = self.buffer[length:]
+        return int(status_line.split()[1]), headers
+
+    def _read(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        self.buffer += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@dataclass
+class Sent:
+    at: float  # time.monotonic() when it was sent
+    port: int  # the client's end of the connection that carried it
+    status: int | None  # None: no answer (the connection failed)
+    version: str | None
+
+
+class Load:
+    """Clients posting /classify to `swap` until stopped, each on its own keep-alive connection (a new
+    one after a failure): every request, which connection carried it, and which front end process
+    held that connection (`owners`, from the front ends' sockets)."""
+
+    def __init__(self, service: Service, clients: int = 6):
+        self.service, self.stop, self.sent = service, threading.Event(), []
+        self.owners: dict[int, int] = {}  # local port -> pid of the front end holding the connection
         self.threads = [threading.Thread(target=self.client) for _ in range(clients)]
         for thread in self.threads:
             thread.start()
 
+    def owner(self, port: int) -> int | None:
+        """The front end whose accepted socket is this connection's other end."""
+        for process in psutil.Process(self.service.process.pid).children():
+            try:
+                if any(c.raddr and c.raddr.port == port for c in process.net_connections("tcp")):
+                    return process.pid
+            except psutil.NoSuchProcess:
+                continue
+        return None
+
     def client(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=30) as client:
-            while not self.stop.is_set():
-                sent = time.monotonic()
-                try:
-                    r = client.post("/classify", json={"text": "steady traffic", "model": "swap"})
-                    self.answers.append((sent, r.status_code, r.headers.get("x-model-version")))
-                except httpx.HTTPError as e:
-                    self.failures.append(repr(e))
+        body = b'{"text": "steady traffic", "model": "swap"}'
+        connection = None
+        while not self.stop.is_set():
+            connection = connection or Connection(self.service.url)
+            sent = Sent(time.monotonic(), connection.port, None, None)
+            try:
+                sent.status, headers = connection.post("/classify", body)
+                sent.version = headers.get("x-model-version")
+                if connection.port not in self.owners:  # accepted by now: its owner is known
+                    self.owners[connection.port] = self.owner(connection.port)
+            except OSError:
+                connection.close()
+                connection = None
+            self.sent.append(sent)
+        if connection is not None:
+            connection.close()
+
+    @property
+    def answers(self) -> list[Sent]:
+        return [s for s in self.sent if s.status is not None]
+
+    @property
+    def failures(self) -> list[Sent]:
+        return [s for s in self.sent if s.status is None]
 
     def finish(self) -> None:
         self.stop.set()
@@ -189,7 +263,7 @@ class Load:
 def test_a_live_swap_under_load_loses_nothing_and_ends_the_old_version(
     three, split_models, app_bundles
 ) -> None:
-    load = Load(three.url)
+    load = Load(three)
     try:
         time.sleep(1.0)
         shutil.copytree(app_bundles["classify"], split_models / "swap" / "2")
@@ -199,31 +273,41 @@ def test_a_live_swap_under_load_loses_nothing_and_ends_the_old_version(
         time.sleep(1.0)
     finally:
         load.finish()
-    assert not load.failures and all(status == 200 for _, status, _ in load.answers)
-    assert {version for _, _, version in load.answers} == {"1", "2"}
-    late = [version for sent, _, version in load.answers if sent > acknowledged]
+    assert not load.failures and all(s.status == 200 for s in load.answers)
+    assert {s.version for s in load.answers} == {"1", "2"}
+    late = [s.version for s in load.answers if s.at > acknowledged]
     assert late and set(late) == {"2"}
 
 
-def test_a_killed_front_end_is_restarted_and_only_its_requests_are_lost(three) -> None:
-    fronts, _ = three.pids()
-    load = Load(three.url, clients=6)
+def test_a_killed_front_end_loses_exactly_its_own_requests_and_is_restarted(three) -> None:
+    load = Load(three, clients=6)
     try:
-        time.sleep(0.5)
-        os.kill(fronts[0], signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while three.pids()[0][0] == fronts[0] and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30
+        while len(load.owners) < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # The front end holding the first client's connection: it serves at least that client.
+        assert None not in load.owners.values(), load.owners
+        victim = load.owners[load.sent[0].port]
+        victim_ports = {port for port, pid in load.owners.items() if pid == victim}
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        while three.pids()[0].count(victim) and time.monotonic() < killed_at + 60:
             time.sleep(0.1)
         time.sleep(1.0)
-        killed_at = time.monotonic()
+        restarted_at = time.monotonic()
         time.sleep(1.0)
     finally:
         load.finish()
-    restarted, _ = three.pids()
-    assert restarted[0] != fronts[0] and restarted[1:] == fronts[1:]
-    # At most one request per client was in flight on the killed process; nothing else failed.
-    assert len(load.failures) <= 6 and all(status == 200 for _, status, _ in load.answers)
-    assert any(sent > killed_at for sent, _, _ in load.answers)
+    fronts, _ = three.pids()
+    assert victim not in fronts and len(fronts) == 3
+    # Every connection the killed process held lost the one request it carried (in flight, or
+    # written as the process died), and nothing else was lost: every other request was answered.
+    lost = sorted(s.port for s in load.failures)
+    assert lost == sorted(victim_ports), (lost, victim_ports, load.owners)
+    assert all(s.at < killed_at + 1.0 for s in load.failures)
+    assert all(s.status == 200 for s in load.answers)
+    assert all(load.owners[s.port] != victim for s in load.answers if s.at > killed_at + 1.0)
+    assert any(s.at > restarted_at for s in load.answers)  # the others kept serving throughout
     assert httpx.get(f"{three.url}/ready").status_code == 200
 
 

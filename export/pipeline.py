@@ -19,14 +19,7 @@ import numpy as np
 from model.checkpoint import CheckpointError, resolve_checkpoint
 
 from . import int8_precision, optimize, quantize, quantize_rowwise
-from .bundle import (
-    FORMAT_VERSION,
-    BundleManifest,
-    VariantInfo,
-    file_info,
-    task_io,
-    write_manifest,
-)
+from .bundle import FORMAT_VERSION, BundleManifest, VariantInfo, file_info, task_io, write_manifest
 from .checkpoint_fields import (
     check_tokenizer,
     copy_tokenizer,

@@ -34,6 +34,7 @@ from app.engine.batch_types import (
     BatcherClosed,
     BatchFailed,
     BatchObserver,
+    ComputeSlots,
     DeadlineExceeded,
     ItemResult,
     Priority,
@@ -47,26 +48,6 @@ from app.engine.batch_types import (
 )
 
 log = logging.getLogger("app.batcher")
-
-
-class ComputeSlots:
-    """The device's batch slots, shared by every model's batcher: a batch runs only while it holds
-    one. `held` tells a batcher whether other models are computing (then no batch runs alone)."""
-
-    def __init__(self, slots: int):
-        self._semaphore = asyncio.Semaphore(slots)
-        self.slots, self.held = slots, 0
-
-    def locked(self) -> bool:
-        return self._semaphore.locked()
-
-    async def acquire(self) -> None:
-        await self._semaphore.acquire()
-        self.held += 1
-
-    def release(self) -> None:
-        self.held -= 1
-        self._semaphore.release()
 
 
 class Batcher:

@@ -16,7 +16,7 @@ import contextlib
 import logging
 from pathlib import Path
 
-from app.engine.batcher import ComputeSlots
+from app.engine.batch_types import ComputeSlots
 from app.engine.loader import MB, SessionPlan
 from app.engine.repository import model_versions, scan
 from app.engine.runtime import (

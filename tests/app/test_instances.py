@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from app.api.serving.task_service import INLINE_CHARS, cpu_step
-from app.engine.batch_types import WorkItem
-from app.engine.batcher import Batcher, ComputeSlots
+from app.engine.batch_types import ComputeSlots, WorkItem
+from app.engine.batcher import Batcher
 from app.engine.runtime import (
     OrtRuntime,
     RuntimePool,

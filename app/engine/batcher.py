@@ -188,7 +188,7 @@ class Batcher:
                 self._count_expired(schedule)
                 raise schedule.expired_error(now)
             # Answer at the deadline itself, not when the worker next looks at the queue.
-            loop.call_later(schedule.deadline - now, self._at_deadline, schedule)
+            schedule.timers.append(loop.call_later(schedule.deadline - now, self._at_deadline, schedule))
         futures = []
         for item in items:
             item.future = loop.create_future()

@@ -246,7 +246,7 @@ def ask(proc: subprocess.Popen, order: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks import bench_common as common
-    from benchmarks.engine_split import extract
+    from benchmarks.engine_split import extract, git
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -265,14 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.requests = 2, 200
     levels = [int(c) for c in args.concurrency.split(",")]
-    baseline = subprocess.run(
-        ["git", "rev-parse", "--short", args.baseline], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout.strip()
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout.strip()
-    changed = ["git", "status", "--porcelain", "--", "app", "processing", "export"]
-    if subprocess.run(changed, cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip():
+    baseline = git(ROOT, "rev-parse", "--short", args.baseline)
+    head = git(ROOT, "rev-parse", "--short", "HEAD")
+    if git(ROOT, "status", "--porcelain", "--", "app", "processing", "export"):
         head += " with uncommitted changes"
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -43,6 +43,10 @@ def extract(ref: str, into: Path) -> Path:
     return into / "tree"
 
 
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
+
+
 def start(tree: Path, models_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
     port = common.free_port()
     command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
@@ -126,9 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.duration = 1, 3.0
     levels = [int(c) for c in args.concurrency.split(",")]
-    baseline = subprocess.run(
-        ["git", "rev-parse", "--short", args.baseline], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout.strip()
+    baseline = git(ROOT, "rev-parse", "--short", args.baseline)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"baseline": extract(args.baseline, Path(tmp)), "split": ROOT}

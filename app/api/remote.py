@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from app.engine import wire
+from app.engine.batch_types import Schedule
 from app.engine.protocol import EngineReply, EngineRequest
 from app.engine.table import Bundle, Model, ModelTable
 from app.errors import ModelUnavailable
@@ -75,7 +76,9 @@ class RemoteEngine:
             raise wire.error_of(answer)
         return answer
 
-    async def infer(self, request: EngineRequest) -> EngineReply:
+    async def infer(self, request: EngineRequest, schedule: Schedule | None = None) -> EngineReply:
+        """The request in one frame (`schedule` stays here: its deadline and priority are in the
+        request's fields)."""
         call_id = next(self._calls)
         try:
             return await self._call(request, call_id)

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from app.engine.protocol import ItemOutput
 from app.errors import ServiceError
 
 
@@ -146,6 +147,9 @@ class Schedule:
 
     server: bool = False  # the deadline is the server's (MAX_QUEUE_MS), not the client's timeout_ms
     taken: int = 0  # its items batched so far: requests take turns at anchoring batches (fairness)
+    # The batchers' timers for its deadline, cancelled once it is answered (app/engine/client.py):
+    # an answered request leaves nothing in the event loop's timer heap.
+    timers: list[asyncio.TimerHandle] = field(default_factory=list, repr=False)
 
     @classmethod
     def within(
@@ -181,13 +185,9 @@ def padded_tokens(items: Sequence[WorkItem]) -> int:
     return max(it.length for it in items) * sum(it.rows for it in items)
 
 
-@dataclass
-class ItemResult:
-    outputs: dict[str, np.ndarray]  # this item's row of every output
-    queue_s: float
-    inference_s: float
-    batch_id: int
-    batch_size: int
+# What each item's future resolves to: the reply's item itself (its outputs, queue and inference
+# seconds, batch), made once.
+ItemResult = ItemOutput
 
 
 class ComputeSlots:

@@ -76,9 +76,7 @@ class Batcher:
             raise ValueError("concurrency (batches in flight) must be at least 1")
         self.runtime = runtime
         self.collate = collate
-        # Outputs -> each item's part (app/engine/reduce.py pools here, in the worker thread);
-        # without it, item i gets row i of every output.
-        self.split = split
+        self.split = split  # outputs -> each item's part (reduce.py, in the thread); None: row i
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.tokens_per_s: float | None = None  # measured on the batches run
@@ -97,12 +95,10 @@ class Batcher:
         # The runtime must take `concurrency` runs at once (app.engine.runtime.RuntimePool does).
         self.concurrency = concurrency
         self._in_flight: set[asyncio.Task] = set()
-        # A batch of at most this many padded tokens, alone in an idle model, runs on the event
-        # loop itself: a millisecond of inference, where the round trip to a worker thread and
-        # back would add a tenth of that (0 = always a worker thread).
+        # A batch of at most this many padded tokens, alone in an idle model, runs on the loop itself:
+        # a millisecond of inference, where a worker thread's round trip adds a tenth (0: never).
         self.inline_tokens = inline_tokens
-        # Shared by every model on the device: a batch runs only while it holds a slot.
-        self.compute = compute
+        self.compute = compute  # shared by every model on the device: a batch runs holding a slot
         # A normal item this old anchors batches as if it were high priority: the starvation bound.
         self.aging_s = aging_ms / 1000.0
         # Not loop.time(): uvloop's clock ticks in whole milliseconds. Tests pass a clock they move.
@@ -169,7 +165,7 @@ class Batcher:
                 self._count_expired(schedule)
                 raise schedule.expired_error(now)
             # Answer at the deadline itself, not when the worker next looks at the queue.
-            loop.call_later(schedule.deadline - now, self._at_deadline, schedule)
+            schedule.timers.append(loop.call_later(schedule.deadline - now, self._at_deadline, schedule))
         futures = []
         for item in items:
             item.future = loop.create_future()
@@ -183,9 +179,8 @@ class Batcher:
         return futures
 
     def _admit_by_cost(self, items: Sequence[WorkItem], schedule: Schedule | None) -> None:
-        """Refuse a request of more tokens than a batch while the queued work, at the measured
-        rate, would take longer than its server deadline (MAX_QUEUE_MS): huge requests cannot pile
-        up where none of them would finish in time."""
+        """Refuse a request of more tokens than a batch while the queued work, at the measured rate,
+        outlasts its server deadline (MAX_QUEUE_MS): huge requests cannot pile up past it."""
         if schedule is None or not schedule.server or not self.tokens_per_s or schedule.timeout_ms is None:
             return
         tokens = sum(it.length * it.rows for it in items)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from app.engine.batch_types import ItemResult, Priority, Schedule, WorkItem
+from app.engine.batch_types import Priority, Schedule, WorkItem
 from app.engine.batcher import Batcher
 from app.engine.protocol import EngineReply, EngineRequest, ItemOutput
 from app.engine.reduce import Work
@@ -30,9 +30,11 @@ class Engine:
     def remove(self, model: str, version: str) -> None:
         self._batchers.pop((model, version), None)
 
-    def _open(self, request: EngineRequest) -> Schedule:
-        schedule, refs = self._schedules.get(request.request_id, (None, 0))
-        if schedule is None:
+    def _open(self, request: EngineRequest, schedule: Schedule | None) -> Schedule:
+        known, refs = self._schedules.get(request.request_id, (None, 0))
+        if known is not None:
+            schedule = known
+        elif schedule is None:  # from another process: its deadline again, from what was left of it
             schedule = Schedule.within(
                 request.deadline_ms, Priority(request.priority), server=request.server_deadline
             )
@@ -46,12 +48,16 @@ class Engine:
 
     def _close(self, request_id: int) -> None:
         schedule, refs = self._schedules[request_id]
-        if refs <= 1:
-            del self._schedules[request_id]
-        else:
+        if refs > 1:
             self._schedules[request_id] = (schedule, refs - 1)
+            return
+        del self._schedules[request_id]
+        for timer in schedule.timers:  # answered: its deadline has nothing left to drop
+            timer.cancel()
 
-    async def infer(self, request: EngineRequest) -> EngineReply:
+    async def infer(self, request: EngineRequest, schedule: Schedule | None = None) -> EngineReply:
+        """`schedule`: the front end's own, when it runs in this process (the same deadline and
+        priority as the request's fields, not made again)."""
         batcher = self._batchers.get((request.model, request.version))
         if batcher is None:
             raise ModelUnavailable(f"model {request.model!r} version {request.version!r} is not in service")
@@ -64,7 +70,7 @@ class Engine:
             )
             for item in request.items
         ]
-        schedule = self._open(request)
+        schedule = self._open(request, schedule)
         try:
             futures = batcher.submit(work, schedule)
             try:
@@ -74,14 +80,10 @@ class Engine:
                     future.cancel()  # no-op when done; drops queued work when the caller went away
         finally:
             self._close(request.request_id)
-        return EngineReply(request.request_id, [output_of(r) for r in results])
+        return EngineReply(request.request_id, results)
 
 
-def output_of(result: ItemResult) -> ItemOutput:
-    return ItemOutput(result.outputs, result.queue_s, result.inference_s, result.batch_id, result.batch_size)
-
-
-async def gather_all(futures: list[asyncio.Future]) -> list[ItemResult]:
+async def gather_all(futures: list[asyncio.Future]) -> list[ItemOutput]:
     """Wait for every future (so none is left with an unretrieved exception), then raise the first error."""
     results = await asyncio.gather(*futures, return_exceptions=True)
     for result in results:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,15 +36,21 @@ class Item:
 
     @property
     def rows(self) -> int:
-        return len(self.lengths)
+        return self.input_ids.shape[0]
 
     @property
     def length(self) -> int:
-        return int(self.lengths.max())
+        """Its longest row's tokens: the width `of` gives the rows (a shape, not a reduction)."""
+        return self.input_ids.shape[1]
 
     @classmethod
     def of(cls, sequences: Sequence[Tokens]) -> Item:
         """The rows of `sequences` (encodings), zero-filled to the longest."""
+        if len(sequences) == 1:  # a sequence: its own arrays, one conversion each
+            (s,) = sequences
+            ids = np.asarray(s.input_ids, dtype=np.int32).reshape(1, -1)  # [1, length]
+            types = np.asarray(s.token_type_ids, dtype=np.int32).reshape(1, -1)
+            return cls(ids, types, np.array([ids.shape[1]], dtype=np.int32))
         lengths = np.fromiter((len(s.input_ids) for s in sequences), dtype=np.int32, count=len(sequences))
         ids = np.zeros((len(sequences), int(lengths.max())), dtype=np.int32)  # [rows, length]
         types = np.zeros_like(ids)
@@ -87,6 +93,8 @@ class EngineReply:
 
 
 class EngineClient(Protocol):
-    """The engine as the front end sees it (app/engine/client.Engine in this process)."""
+    """The engine as the front end sees it: app/engine/client.Engine in this process, which takes the
+    front end's own `schedule` (app.engine.batch_types.Schedule) rather than make it again from the
+    request's fields; app/api/remote.RemoteEngine across processes, which sends only the fields."""
 
-    async def infer(self, request: EngineRequest) -> EngineReply: ...
+    async def infer(self, request: EngineRequest, schedule: Any = None) -> EngineReply: ...

@@ -33,11 +33,16 @@ def pad_items(items: list[Item], pad_id: int, grouped: bool) -> dict[str, np.nda
     types = np.zeros((rows, length), dtype=np.int64)
     row = 0
     for item in items:
-        for ids_row, types_row, n in zip(item.input_ids, item.token_type_ids, item.lengths, strict=True):
-            ids[row, :n] = ids_row[:n]
+        n, end = item.length, row + item.rows
+        if item.rows == 1:  # a sequence fills its row's first `n` tokens: no tail to mask
+            ids[row, :n] = item.input_ids[0]
             mask[row, :n] = 1
-            types[row, :n] = types_row[:n]
-            row += 1
+        else:  # a choice group: each row's real tokens only, the rest stays padding
+            real = np.arange(n) < item.lengths[:, None]  # [rows, n]
+            ids[row:end, :n] = np.where(real, item.input_ids, pad_id)
+            mask[row:end, :n] = real
+        types[row:end, :n] = item.token_type_ids
+        row = end
     inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
     if grouped:
         choices = {item.rows for item in items}

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from app.engine.batch_types import DeadlineExceeded
+from app.engine.batch_types import DeadlineExceeded, Schedule
 from app.engine.batcher import Batcher
 from app.engine.client import Engine
 from app.engine.protocol import EngineRequest, Item
@@ -38,9 +38,10 @@ def test_padded_items_equal_the_tokenizers_padding() -> None:
         for name in mine:
             assert mine[name].dtype == theirs[name].dtype and np.array_equal(mine[name], theirs[name]), name
     groups = [encodings[:2], encodings[2:]]
-    mine = pad_items([Item.of(g) for g in groups], 0, grouped=True)
-    theirs = pad_choices(groups, 0)
-    assert all(np.array_equal(mine[name], theirs[name]) for name in theirs)
+    for pad_id in (0, 7):
+        mine = pad_items([Item.of(g) for g in groups], pad_id, grouped=True)
+        theirs = pad_choices(groups, pad_id)
+        assert all(np.array_equal(mine[name], theirs[name]) for name in theirs)
     with pytest.raises(ValueError, match="same number of choices"):
         pad_items([Item.of(encodings[:1]), Item.of(encodings[1:])], 0, grouped=True)
 
@@ -129,3 +130,15 @@ async def test_a_spent_deadline_is_refused_and_counted_once_per_request() -> Non
     assert len(reply.items) == 1
     await batcher.stop()
     assert engine._schedules == {}  # nothing of a finished request stays behind
+
+
+async def test_in_process_the_front_ends_schedule_serves_and_its_timer_goes_with_the_answer() -> None:
+    runtime = Gate()
+    engine, batcher = await engine_with(runtime)
+    runtime.permits.release(10)
+    schedule = Schedule.within(60_000.0, server=True)  # MAX_QUEUE_MS's deadline, say
+    await engine.infer(request(7, [1], [2], deadline_ms=60_000.0), schedule)
+    assert schedule.taken == 2  # the very object the batcher scheduled, not a copy of it
+    # Answered: no timer of its deadline stays in the event loop (it would fire a minute later).
+    assert schedule.timers and all(timer.cancelled() for timer in schedule.timers)
+    await batcher.stop()

@@ -124,7 +124,7 @@ class TaskService:
         )
         timings.tokens += sum(item.length * item.rows for item in items)
         started = time.perf_counter()
-        results = (await self.engine.infer(request)).items
+        results = (await self.engine.infer(request, schedule)).items
         waited = time.perf_counter() - started
         # Several batches may serve one request: model time is the sum over distinct batches.
         inference = sum({r.batch_id: r.inference_s for r in results}.values())

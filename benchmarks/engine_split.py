@@ -6,7 +6,7 @@ alternating rounds in one run; plus each server's CPU per request.
     python -m benchmarks.engine_split --quick ...         # 1 round of 3 s: a smoke run
 
 Both servers run side by side (idle while the other is measured), started as `uvicorn app.main:app`
-from their own source tree (the baseline's from `git archive`). Results: benchmarks/results/engine_split.*
+(with the connection layer where the tree has one, as `python -m app` runs it) from their own source tree (the baseline's from `git archive`). Results: benchmarks/results/engine_split.*
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def git(root: Path, *args: str) -> str:
 def start(tree: Path, models_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
     port = common.free_port()
     command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    if (tree / "app/api/connections.py").exists():  # the connection layer, as `python -m app` runs it
+        command += ["--http", "app.api.connections:GuardedHttp", "--no-server-header"]
     env = {**os.environ, "MODELS_DIR": str(models_dir), "LOG_LEVEL": "WARNING", "DEVICE": "cpu"}
     env["PYTHONPATH"] = str(tree)
     with open(log, "wb") as out:

@@ -6,7 +6,8 @@ alternating rounds in one run; plus each server's CPU per request.
     python -m benchmarks.engine_split --quick ...         # 1 round of 3 s: a smoke run
 
 Both servers run side by side (idle while the other is measured), started as `uvicorn app.main:app`
-(with the connection layer where the tree has one, as `python -m app` runs it) from their own source tree (the baseline's from `git archive`). Results: benchmarks/results/engine_split.*
+(with the connection layer where the tree has one, as `python -m app` runs it) from their own
+source tree (the baseline's from `git archive`). Results: benchmarks/results/engine_split.*
 """
 
 from __future__ import annotations

@@ -220,3 +220,24 @@ def test_masked_lm_heads_match_both_ways(tmp_path, model_type):
 def test_an_architecture_without_a_masked_lm_head_says_so():
     with pytest.raises(UnsupportedArchitecture, match="'electra' has no masked-lm head"):
         head_type("electra", MASKED_LM)
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta", "camembert", "distilbert"])
+def test_sparse_heads_are_splade_over_transformers_masked_lm_logits(tmp_path, model_type):
+    """/embed_sparse's head on each architecture with a masked-LM head: max over a row's real tokens
+    of log(1 + relu(logit)), the logits transformers' own ForMaskedLM gives on the same checkpoint."""
+    torch.manual_seed(0)
+    theirs = getattr(transformers, ARCHITECTURES[model_type].hf_name + "ForMaskedLM")(hf_config(model_type))
+    theirs.eval().save_pretrained(tmp_path)
+    ours = head_type(model_type, "sparse").from_pretrained(tmp_path, task="sparse").eval()
+    ids, mask, _ = padded_batch(model_type)
+    with torch.no_grad():
+        logits = theirs(input_ids=ids, attention_mask=mask).logits  # (B, T, vocab)
+        expected = (torch.log1p(torch.relu(logits)) * mask.unsqueeze(-1)).amax(dim=1)  # (B, vocab)
+        got = ours(ids, mask).sparse
+    assert got.shape == expected.shape and torch.allclose(got, expected, atol=TOL)
+
+
+def test_sparse_vectors_need_a_masked_lm_head():
+    with pytest.raises(UnsupportedArchitecture, match="'electra' has no masked-LM head"):
+        head_type("electra", "sparse")

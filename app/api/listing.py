@@ -6,7 +6,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.api.service_schemas import ModelInfo, ModelsResponse, OpenAIModel, OpenAIModelList, VersionInfo
+from app.api.openai_schemas import OpenAIModel, OpenAIModelList
+from app.api.service_schemas import ModelInfo, ModelsResponse, VersionInfo
 from app.errors import ServiceError, hide_paths
 from export.bundle import VARIANT_NOTES, batch_invariant
 

@@ -16,46 +16,26 @@ from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
 from app.api.cache import Entry, Key, canonical
+from app.api.cohere_schemas import InfinityRerankRequest, InfinityRerankResponse
 from app.api.error_table import CLIENT_CLOSED, MODELS_RESPONSES, NOT_READY, TASK_RESPONSES, TOKENIZE_RESPONSES
 from app.api.headers import long_input_headers, timing_headers
 from app.api.lean_route import LeanRoute
 from app.api.listing import list_models, openai_model_list
 from app.api.middleware import MODEL_SCOPE_KEY, bearer_matches
-from app.api.rerank_schemas import (
-    InfinityRerankRequest,
-    InfinityRerankResponse,
-    PredictRequest,
-    PredictResponse,
-    RerankRequest,
-    RerankResponse,
-)
-from app.api.retrieval_schemas import EmbedAllResponse, EmbedTextsRequest, SparseEmbedResponse
-from app.api.scheduling import schedule_for
-from app.api.schemas import (
+from app.api.native_schemas import (
     ChoiceRequest,
     ChoiceResponse,
     ClassifyBatchResponse,
     ClassifyRequest,
     ClassifyResult,
-    EmbedRequest,
-    EmbedResponse,
     NERRequest,
     NERResponse,
-    OpenAIEmbeddingRequest,
-    OpenAIEmbeddingResponse,
     QARequest,
     QAResponse,
-    SimilarityRequest,
-    SimilarityResponse,
 )
-from app.api.service_schemas import (
-    HealthResponse,
-    ModelsResponse,
-    OpenAIModelList,
-    ReadyResponse,
-    TokenizeRequest,
-    TokenOut,
-)
+from app.api.openai_schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse, OpenAIModelList
+from app.api.scheduling import schedule_for
+from app.api.service_schemas import HealthResponse, ModelsResponse, ReadyResponse, TokenizeRequest, TokenOut
 from app.api.serving import rerank_service
 from app.api.serving.embed_service import EmbedService
 from app.api.serving.services import (
@@ -68,6 +48,19 @@ from app.api.serving.services import (
 )
 from app.api.serving.sparse_service import SparseEmbedService
 from app.api.serving.task_service import TaskService, Timings
+from app.api.tei_schemas import (
+    EmbedAllResponse,
+    EmbedRequest,
+    EmbedResponse,
+    EmbedTextsRequest,
+    PredictRequest,
+    PredictResponse,
+    RerankRequest,
+    RerankResponse,
+    SimilarityRequest,
+    SimilarityResponse,
+    SparseEmbedResponse,
+)
 from app.engine.batch_types import Schedule
 from app.errors import NoModel, hide_paths
 from processing.tasks import TASKS
@@ -102,7 +95,7 @@ async def serve(
 ) -> Any:
     """Run `body` on the service of type `kind` (its task's) of the model the request picks: the
     service itself, or `call(service, body, timings)` (a protocol adapter's method of it)."""
-    # Every task request has `timeout_ms` and `priority` (schemas.Request); a body without them
+    # Every task request has `timeout_ms` and `priority` (native_schemas.Request); a body without them
     # is scheduled by its headers alone.
     schedule = schedule_for(
         request.headers,

@@ -1,7 +1,7 @@
 """A request's deadline and priority, from wherever the client put them, into the batcher's Schedule.
 
 Every inference request may carry `timeout_ms` (its whole budget, counted from when its body has
-been read) and `priority` (`high` or `normal`): as body fields (schemas.Request), as V2 request
+been read) and `priority` (`high` or `normal`): as body fields (native_schemas.Request), as V2 request
 parameters (also Triton's schedule-policy `priority` levels and `timeout` in microseconds), or as
 the headers below, which work for every route whatever its body. A field wins over a header. The
 batcher (app/engine/batcher.py) applies the Schedule: queue policy, no HTTP.

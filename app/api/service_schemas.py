@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from app.api.schemas import ModelName, Strict, Text
+from app.api.native_schemas import ModelName, Strict, Text
 
 
 class FieldError(BaseModel):
@@ -96,18 +96,6 @@ class ModelsResponse(BaseModel):
     models: list[ModelInfo]
     memory_mb: float | None = Field(None, description="Sum over the serving versions")
     max_models_memory_mb: float | None = Field(None, description="MAX_MODELS_MEMORY_MB, if set")
-
-
-class OpenAIModel(BaseModel):
-    id: str = Field(description="The name to send as `model`")
-    object: Literal["model"] = "model"
-    created: int = Field(description="When the serving version was exported (Unix time; 0 if unknown)")
-    owned_by: str = "bert-serving"
-
-
-class OpenAIModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[OpenAIModel]
 
 
 class LoadResponse(BaseModel):

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.schemas import Strict
+from app.api.native_schemas import Strict
 
 Scalar = str | int | float | bool  # a parameter's value
 Parameters = dict[str, Scalar]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from app.api.cache import Entry, Key, ResponseCache, canonical, cost
-from app.api.schemas import ClassifyRequest
+from app.api.native_schemas import ClassifyRequest
 from app.observe.metrics import Metrics
 from tests.app.conftest import relabel, serving
 

@@ -7,17 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.api.retrieval_schemas import EmbedAllResponse, EmbedTextsRequest
-from app.api.schemas import (
+from app.api.openai_schemas import (
     EmbeddingData,
     EmbeddingUsage,
-    EmbedOptions,
-    EmbedRequest,
-    EmbedResponse,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
-    SimilarityRequest,
-    SimilarityResponse,
 )
 from app.api.serving.task_service import (
     ModelVersion,
@@ -26,6 +20,15 @@ from app.api.serving.task_service import (
     check_chars,
     cpu_step,
     sequence_items,
+)
+from app.api.tei_schemas import (
+    EmbedAllResponse,
+    EmbedOptions,
+    EmbedRequest,
+    EmbedResponse,
+    EmbedTextsRequest,
+    SimilarityRequest,
+    SimilarityResponse,
 )
 from app.engine.protocol import EngineClient
 from app.errors import InputTooLong, InvalidInput, TooManyInputs

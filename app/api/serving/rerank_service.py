@@ -8,20 +8,18 @@ from __future__ import annotations
 import time
 import uuid
 
-from app.api.rerank_schemas import (
-    InfinityRerankRequest,
-    InfinityRerankResponse,
+from app.api.cohere_schemas import InfinityRerankRequest, InfinityRerankResponse, RerankResult
+from app.api.openai_schemas import EmbeddingUsage
+from app.api.serving.services import Classified, ClassifyService
+from app.api.serving.task_service import Timings
+from app.api.tei_schemas import (
     Prediction,
     PredictRequest,
     PredictResponse,
     Rank,
     RerankRequest,
     RerankResponse,
-    RerankResult,
 )
-from app.api.schemas import EmbeddingUsage
-from app.api.serving.services import Classified, ClassifyService
-from app.api.serving.task_service import Timings
 from app.errors import NotAReranker
 from app.observe.logs import request_id_var
 from processing import classify as classify_proc

@@ -14,16 +14,13 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel
 
-from app.api.retrieval_schemas import EmbedTextsRequest, SparseEmbedResponse
-from app.api.schemas import (
+from app.api.native_schemas import (
     AnswerOut,
     ChoiceRequest,
     ChoiceResponse,
     ClassifyBatchResponse,
     ClassifyRequest,
     ClassifyResult,
-    EmbedRequest,
-    EmbedResponse,
     EntityOut,
     LabelScore,
     NERRequest,
@@ -42,6 +39,7 @@ from app.api.serving.task_service import (
     cpu_step,
     sequence_items,
 )
+from app.api.tei_schemas import EmbedRequest, EmbedResponse, EmbedTextsRequest, SparseEmbedResponse
 from app.engine.protocol import EngineClient, Item, ItemOutput
 from app.errors import InputTooLong, InvalidInput, TooManyChoices, TooManyInputs
 from app.settings import Settings

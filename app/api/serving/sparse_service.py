@@ -5,9 +5,9 @@ them, as SPLADE's maximum over positions would."""
 
 from __future__ import annotations
 
-from app.api.retrieval_schemas import EmbedTextsRequest, SparseEmbedResponse
 from app.api.serving.embed_service import EmbedService, fields
 from app.api.serving.task_service import Timings
+from app.api.tei_schemas import EmbedTextsRequest, SparseEmbedResponse
 from app.engine.protocol import EngineClient
 from app.settings import Settings
 from processing.sparse import as_pairs

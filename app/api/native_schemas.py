@@ -1,4 +1,5 @@
-"""Request and response models. The examples are what /docs offers to "Try it out"."""
+"""The native task routes' requests and answers (/classify, /ner, /multiple-choice, /qa), and the bases
+and text validation every protocol's wire types share. The examples are what /docs offers to "Try it out"."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    RootModel,
     StrictBool,
-    WithJsonSchema,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -70,7 +69,6 @@ ClassifyTopK = _bounded_int(1)
 AnswerCount = _bounded_int(1, 20)
 AnswerTokens = _bounded_int(1, 512)
 StrideTokens = _bounded_int(0, 512)
-Dimensions = _bounded_int(1)
 
 
 ModelName = Annotated[
@@ -278,126 +276,3 @@ class AnswerOut(BaseModel):
 class QAResponse(BaseModel):
     answers: list[AnswerOut]
     windows: int = Field(description="Context windows the model read")
-
-
-# ----------------------------------------------------------------------------- embeddings
-# Three protocols, one service (EmbedService): text-embeddings-inference's /embed and /similarity,
-# and OpenAI's /v1/embeddings. What happened to a long input is in the X-Truncated-Inputs and
-# X-Windowed-Inputs headers, since TEI's answers are bare lists.
-
-TruncationSide = Literal["right", "left", "Right", "Left"]  # TEI spells them both ways
-
-
-def _one_or_many(value: object) -> object:
-    # One text is a list of one: errors then name "inputs.0", as the service does.
-    if isinstance(value, str):
-        return [value]
-    # OpenAI also takes token-id arrays; a bundle's vocabulary is not OpenAI's, so say so plainly.
-    if isinstance(value, list) and any(isinstance(v, (int, list)) and not isinstance(v, bool) for v in value):
-        raise PydanticCustomError(
-            "token_ids_unsupported", "token-id arrays are not supported: send a string or a list of strings"
-        )
-    return value
-
-
-_TEXT_SCHEMA = {"type": "string", "minLength": 1, "pattern": NOT_ONLY_WHITESPACE}
-Texts = Annotated[
-    list[Text],
-    BeforeValidator(_one_or_many),
-    Field(min_length=1),
-    WithJsonSchema({"anyOf": [_TEXT_SCHEMA, {"type": "array", "items": _TEXT_SCHEMA, "minItems": 1}]}),
-]
-
-
-class EmbedOptions(Request):
-    truncate: StrictBool | None = Field(
-        None,
-        description="true: cut long inputs to the model's max_seq_len; false: refuse them (413, as TEI); "
-        "unset: the server's rule for long texts (CLASSIFY_LONG_TEXT: truncate, or windows pooled "
-        "into one vector)",
-    )
-    truncation_direction: TruncationSide = Field(
-        "right", description="Which end truncation keeps: right cuts the end"
-    )
-    prompt_name: str | None = Field(
-        None,
-        description="A prompt of the model (config_sentence_transformers.json, e.g. e5's query) before each "
-        "text; unset: the model's default prompt, if it has one",
-    )
-
-
-class EmbedRequest(EmbedOptions):
-    model_config = ConfigDict(
-        extra="forbid",
-        protected_namespaces=(),
-        json_schema_extra={
-            "examples": [{"inputs": "What is deep learning?"}, {"inputs": ["a cat", "a dog"]}]
-        },
-    )
-    inputs: Texts = Field(description="One text, or a list of texts")
-    normalize: StrictBool = Field(True, description="L2-normalize each vector (TEI's default)")
-
-
-class EmbedResponse(RootModel[list[list[float]]]):
-    """One vector per input, in order (TEI's bare list)."""
-
-
-class OpenAIEmbeddingRequest(EmbedOptions):
-    model_config = ConfigDict(
-        extra="forbid",
-        protected_namespaces=(),
-        json_schema_extra={"examples": [{"input": ["What is deep learning?", "A cat sat on the mat."]}]},
-    )
-    input: Texts = Field(description="One text, or a list of texts (token-id arrays are refused)")
-    encoding_format: Literal["float", "base64"] = Field(
-        "float", description="base64: each vector's float32 values, little-endian, base64-encoded"
-    )
-    dimensions: Dimensions | None = Field(
-        None, description="Must equal the model's width if given: vectors are not shortened"
-    )
-    user: str | None = Field(None, description="Accepted and ignored")
-
-
-class EmbeddingData(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | str
-
-
-class EmbeddingUsage(BaseModel):
-    prompt_tokens: int = Field(description="Tokens the model read, [CLS] and [SEP] included")
-    total_tokens: int
-
-
-class OpenAIEmbeddingResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[EmbeddingData]
-    model: str
-    usage: EmbeddingUsage
-
-
-class SimilarityInputs(Strict):
-    source_sentence: Text
-    sentences: list[Text] = Field(min_length=1)
-
-
-class SimilarityRequest(EmbedOptions):
-    model_config = ConfigDict(
-        extra="forbid",
-        protected_namespaces=(),
-        json_schema_extra={
-            "examples": [
-                {
-                    "inputs": {
-                        "source_sentence": "A man is playing a guitar.",
-                        "sentences": ["Someone plays an instrument.", "A woman is cooking."],
-                    }
-                }
-            ]
-        },
-    )
-    inputs: SimilarityInputs
-
-
-class SimilarityResponse(RootModel[list[float]]):
-    """The cosine similarity of the source sentence with each sentence, in order (TEI's bare list)."""

@@ -1,6 +1,6 @@
-"""Requests and answers of the routes onto the classify service from other protocols: reranking as
-text-embeddings-inference (/rerank) and Infinity (/v1/rerank, Cohere's shape) speak it, and TEI's
-/predict. The service side is app/api/serving/rerank_service.py."""
+"""text-embeddings-inference's requests and answers: /embed and /similarity (EmbedService), /rerank
+and /predict (onto the classify service, app/api/serving/rerank_service.py), /embed_sparse (SPLADE term
+weights) and /embed_all (a vector per token)."""
 
 from __future__ import annotations
 
@@ -16,19 +16,101 @@ from pydantic import (
     StrictBool,
     WithJsonSchema,
 )
+from pydantic_core import PydanticCustomError
 
-from app.api.schemas import (
-    _TEXT_SCHEMA,
-    EmbeddingUsage,
-    ModelName,
-    Request,
-    Text,
-    _bounded_int,
-    _check_text,
-)
-from app.engine.repository import MODEL_NAME
+from app.api.native_schemas import NOT_ONLY_WHITESPACE, Request, Strict, Text, _check_text
 
-TopN = _bounded_int(1)
+# ----------------------------------------------------------------------------- embeddings
+# Three protocols, one service (EmbedService): text-embeddings-inference's /embed and /similarity,
+# and OpenAI's /v1/embeddings (openai_schemas.py, on EmbedOptions and Texts). What happened to a long
+# input is in the X-Truncated-Inputs and X-Windowed-Inputs headers, since TEI's answers are bare lists.
+
+TruncationSide = Literal["right", "left", "Right", "Left"]  # TEI spells them both ways
+
+
+def _one_or_many(value: object) -> object:
+    # One text is a list of one: errors then name "inputs.0", as the service does.
+    if isinstance(value, str):
+        return [value]
+    # OpenAI also takes token-id arrays; a bundle's vocabulary is not OpenAI's, so say so plainly.
+    if isinstance(value, list) and any(isinstance(v, (int, list)) and not isinstance(v, bool) for v in value):
+        raise PydanticCustomError(
+            "token_ids_unsupported", "token-id arrays are not supported: send a string or a list of strings"
+        )
+    return value
+
+
+_TEXT_SCHEMA = {"type": "string", "minLength": 1, "pattern": NOT_ONLY_WHITESPACE}
+Texts = Annotated[
+    list[Text],
+    BeforeValidator(_one_or_many),
+    Field(min_length=1),
+    WithJsonSchema({"anyOf": [_TEXT_SCHEMA, {"type": "array", "items": _TEXT_SCHEMA, "minItems": 1}]}),
+]
+
+
+class EmbedOptions(Request):
+    truncate: StrictBool | None = Field(
+        None,
+        description="true: cut long inputs to the model's max_seq_len; false: refuse them (413, as TEI); "
+        "unset: the server's rule for long texts (CLASSIFY_LONG_TEXT: truncate, or windows pooled "
+        "into one vector)",
+    )
+    truncation_direction: TruncationSide = Field(
+        "right", description="Which end truncation keeps: right cuts the end"
+    )
+    prompt_name: str | None = Field(
+        None,
+        description="A prompt of the model (config_sentence_transformers.json, e.g. e5's query) before each "
+        "text; unset: the model's default prompt, if it has one",
+    )
+
+
+class EmbedRequest(EmbedOptions):
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [{"inputs": "What is deep learning?"}, {"inputs": ["a cat", "a dog"]}]
+        },
+    )
+    inputs: Texts = Field(description="One text, or a list of texts")
+    normalize: StrictBool = Field(True, description="L2-normalize each vector (TEI's default)")
+
+
+class EmbedResponse(RootModel[list[list[float]]]):
+    """One vector per input, in order (TEI's bare list)."""
+
+
+class SimilarityInputs(Strict):
+    source_sentence: Text
+    sentences: list[Text] = Field(min_length=1)
+
+
+class SimilarityRequest(EmbedOptions):
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [
+                {
+                    "inputs": {
+                        "source_sentence": "A man is playing a guitar.",
+                        "sentences": ["Someone plays an instrument.", "A woman is cooking."],
+                    }
+                }
+            ]
+        },
+    )
+    inputs: SimilarityInputs
+
+
+class SimilarityResponse(RootModel[list[float]]):
+    """The cosine similarity of the source sentence with each sentence, in order (TEI's bare list)."""
+
+
+# ----------------------------------------------------------------------------- rerank, predict
+# Onto the classify service; Infinity's /v1/rerank is in cohere_schemas.py.
 
 
 class PairOptions(Request):
@@ -47,9 +129,6 @@ class PairOptions(Request):
     truncation_direction: Literal["right", "Right"] = Field(
         "right", description="Only right: inputs are cut from their end, as /classify cuts them"
     )
-
-
-# ----------------------------------------------------------------------------- rerank
 
 
 class RerankRequest(PairOptions):
@@ -81,63 +160,6 @@ class Rank(BaseModel):
 class RerankResponse(RootModel[list[Rank]]):
     """The texts by decreasing score (TEI's bare list)."""
 
-    # What happened to long inputs (X-Truncated-Inputs); routes.serve sends them.
-
-
-# Infinity's own client sends this when the caller names no model.
-INFINITY_NO_MODEL = "default/not-specified"
-InfinityModelName = Annotated[
-    ModelName | None,
-    BeforeValidator(lambda value: None if value == INFINITY_NO_MODEL else value),
-    WithJsonSchema(
-        {
-            "anyOf": [{"type": "string", "pattern": MODEL_NAME.pattern}, {"const": INFINITY_NO_MODEL}],
-            "description": "The model to rerank with (a name from /models); default: see app/README.md",
-        }
-    ),
-]
-
-
-class InfinityRerankRequest(Request):
-    """Infinity's /v1/rerank (Cohere's request shape)."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        protected_namespaces=(),
-        json_schema_extra={
-            "examples": [
-                {
-                    "query": "What is deep learning?",
-                    "documents": ["Deep learning is a kind of machine learning.", "Paris is in France."],
-                    "top_n": 1,
-                    "return_documents": True,
-                }
-            ]
-        },
-    )
-    model: InfinityModelName = None
-    query: Text
-    documents: list[Text] = Field(min_length=1, description="The documents to rank (at most MAX_BATCH_ITEMS)")
-    return_documents: StrictBool = Field(False, description="Give each document back beside its score")
-    raw_scores: StrictBool = Field(
-        False, description="The model's logit instead of a probability (as /rerank's raw_scores)"
-    )
-    top_n: TopN | None = Field(None, description="Only the n most relevant (default: all)")
-
-
-class RerankResult(BaseModel):
-    relevance_score: float
-    index: int = Field(description="Position in `documents`")
-    document: str | None = Field(None, description="The document, with return_documents")
-
-
-class InfinityRerankResponse(BaseModel):
-    object: Literal["rerank"] = "rerank"
-    results: list[RerankResult] = Field(description="By decreasing relevance_score")
-    model: str
-    usage: EmbeddingUsage
-    id: str
-    created: int = Field(description="Unix time of the answer")
     # What happened to long inputs (X-Truncated-Inputs); routes.serve sends them.
 
 
@@ -229,3 +251,27 @@ class PredictResponse(RootModel[list[Prediction] | list[list[Prediction]]]):
     """Every label by decreasing score; for a batch, one such list per input (TEI's bare lists)."""
 
     # What happened to long inputs (X-Truncated-Inputs, X-Windowed-Inputs); routes.serve sends them.
+
+
+# ----------------------------------------------------------------------------- embed_sparse, embed_all
+
+
+class EmbedTextsRequest(EmbedOptions):
+    """TEI's /embed_sparse and /embed_all."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    inputs: Texts = Field(description="One text, or a list of texts")
+
+
+class SparseValue(BaseModel):
+    index: int = Field(description="The vocabulary id (the tokenizer's) the weight belongs to")
+    value: float = Field(description="Its weight: the maximum over the text's tokens of log(1 + relu(logit))")
+
+
+class SparseEmbedResponse(RootModel[list[list[SparseValue]]]):
+    """Per input, in order, its nonzero weights by increasing index (TEI's shape)."""
+
+
+class EmbedAllResponse(RootModel[list[list[list[float]]]]):
+    """Per input, one vector per token the model read (special tokens included), in order: the
+    encoder's last hidden states, for late interaction (ColBERT-style scoring)."""

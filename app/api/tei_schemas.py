@@ -259,7 +259,13 @@ class PredictResponse(RootModel[list[Prediction] | list[list[Prediction]]]):
 class EmbedTextsRequest(EmbedOptions):
     """TEI's /embed_sparse and /embed_all."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [{"inputs": "What is deep learning?"}, {"inputs": ["a cat", "a dog"]}]
+        },
+    )
     inputs: Texts = Field(description="One text, or a list of texts")
 
 

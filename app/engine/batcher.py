@@ -79,7 +79,9 @@ class Batcher:
         self.split = split  # outputs -> each item's part (reduce.py, in the thread); None: row i
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
-        self.tokens_per_s: float | None = None  # measured on the batches run
+        # Measured on the batches run, never seeded from the warm-up: a first run is slow, and a rate
+        # read off it refused ordinary /qa requests right after a rolling restart (test_local_stack).
+        self.tokens_per_s: float | None = None
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
         # Padded tokens may be at most this multiple of real tokens (0 = no limit): on a CPU,

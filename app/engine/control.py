@@ -197,7 +197,6 @@ class ModelControl:
             compute=self.registry.compute,
             aging_ms=settings.priority_aging_ms,
         )
-        bundle.batcher.tokens_per_s = bundle.tokens_per_s  # until its own batches are measured
         bundle.service = self.make_service(bundle) if self.make_service is not None else None
         bundle.batcher.start()
         self.engine.add(bundle.name, bundle.version, bundle.batcher)

@@ -112,7 +112,9 @@ def build(
     bundle.threads = plan.threads
     path = manifest.variant_path(source.path, bundle.variant)
     if plan.device == "simulated":
-        bundle.runtime = RuntimePool([SimulatedRuntime(manifest, plan.simulated_batch_ms, max_batch_size)])
+        vocab = bundle.tokenizer.vocab_size
+        simulated = SimulatedRuntime(manifest, plan.simulated_batch_ms, max_batch_size, vocab=vocab)
+        bundle.runtime = RuntimePool([simulated])
     else:
         with tempfile.TemporaryDirectory(prefix="no-external-data-") as empty:
             opened = functools.partial(
@@ -231,11 +233,7 @@ def warm_up(bundle: Bundle, max_batch_size: int) -> None:
     rows = min(4, max_batch_size)
     for batch in ([short], [longest] * rows):
         payloads = [Work(Item.of([e, e] if spec.choices else [e])) for e in batch]
-        started = time.perf_counter()
         outputs = runtime.run(collate(payloads))
-        # A first rate for admission by cost until batches are measured (a first run: conservative).
-        tokens = len(longest) * rows * (2 if spec.choices else 1)
-        bundle.tokens_per_s = tokens / max(time.perf_counter() - started, 1e-6)
         runtime.run_alone(collate(payloads))  # the solo session's first run, if it has one
         missing = set(manifest.output_names) - set(outputs)
         if missing:

@@ -22,11 +22,13 @@ class SimulatedRuntime:
         batch_ms: float,
         batch_size: int,
         sleep: Callable[[float], None] = time.sleep,
+        vocab: int = 1,
     ):
         self.spec = TASKS[manifest.task]
         self.labels = len(manifest.labels or []) or 1
         shapes = {o["name"]: o["shape"] for o in manifest.outputs}
         self.hidden = int(shapes.get("last_hidden_state", [1])[-1])
+        self.vocab = vocab  # a sparse model's axis: the tokenizer's size (symbolic in the manifest)
         self.batch_s = batch_ms / 1000.0
         self.batch_size = batch_size
         self.batches = 0
@@ -42,7 +44,7 @@ class SimulatedRuntime:
         self.sleep(self.batch_s * math.ceil(rows / self.batch_size))  # the device's time, not the CPU's
         self.batches += 1
         sizes = dict(zip(self.spec.token_axes, ids.shape, strict=True))
-        sizes.update(labels=self.labels, hidden=self.hidden)
+        sizes.update(labels=self.labels, hidden=self.hidden, vocab=self.vocab)
         return {
             name: np.zeros([sizes[axis] for axis in axes], dtype=np.float32)
             for name, axes in self.spec.outputs

@@ -54,7 +54,6 @@ class Bundle:
     service: Any = None  # the front end's service for this version (made by ModelControl.make_service)
     load_seconds: float | None = None
     memory_bytes: int | None = None
-    tokens_per_s: float | None = None  # one session's rate on the warm-up's full-length batch
     leases: int = 0  # requests being served by this version right now
     idle: asyncio.Event | None = None  # set when a retiring version's last request finishes
 

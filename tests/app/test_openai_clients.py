@@ -20,7 +20,7 @@ def test_the_openai_client_lists_models_and_embeds(keyless_live):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{keyless_live.url}/v1", api_key="unused", max_retries=0)
     ids = {model.id for model in client.models.list()}
-    assert ids == {"classify", "ner", "multiple-choice", "qa", "embed"}
+    assert ids == {"classify", "ner", "multiple-choice", "qa", "embed", "sparse"}
     # The client asks for base64 unless told otherwise, and decodes it itself.
     named = client.embeddings.create(model="embed", input=TEXTS)
     floats = client.embeddings.create(model="embed", input=TEXTS, encoding_format="float")

@@ -244,7 +244,6 @@ class ModelControl:
             waited = await self._retire(model, bundle) if bundle is not None else 0.0
             model.status, model.error = "unloaded", "unloaded by the admin API or removed from MODELS_DIR"
             model.required = False
-            model.required = False
             if model.task is not None:
                 self.metrics.forget_model(model.task, model.name)
         log.info("model unloaded", extra={"model": name, "waited_s": round(waited, 3)})

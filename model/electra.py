@@ -11,21 +11,7 @@ from torch.nn import functional as F
 
 from .bert import BertModel, BertPreTrainedModel, HeadOutput, activation, flat_choices, sequence_loss
 from .config import BertConfig
-
-
-class ElectraClassificationHead(nn.Module):
-    """dense -> GELU -> out_proj on the first token ([CLS]); GELU where BERT's pooler has tanh."""
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.extra.get("classifier_dropout") or config.hidden_dropout_prob)
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        x = self.dropout(hidden[:, 0])  # (B, T, C) -> (B, C): [CLS]
-        x = F.gelu(self.dense(x))  # transformers: get_activation("gelu"), whatever hidden_act says
-        return self.out_proj(self.dropout(x))
+from .roberta import RobertaClassificationHead
 
 
 class ElectraForSequenceClassification(BertPreTrainedModel):
@@ -33,7 +19,8 @@ class ElectraForSequenceClassification(BertPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bert = BertModel(config)
-        self.classifier = ElectraClassificationHead(config)
+        # transformers: get_activation("gelu") on [CLS], whatever hidden_act says
+        self.classifier = RobertaClassificationHead(config, act=F.gelu)
         self.init_weights()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):

@@ -35,8 +35,10 @@ from .bert import (
     EncoderOutput,
     HeadOutput,
     additive_attention_mask,
+    sequence_loss,
 )
 from .config import BertConfig
+from .roberta import RobertaClassificationHead
 
 # transformers' MPNetEncoder.compute_position_bias always buckets into 32, whatever the config's
 # relative_attention_num_buckets (which only sizes the table); we do the same.
@@ -202,37 +204,17 @@ class MPNetModel(MPNetPreTrainedModel):
 # forward on MPNet's encoder (`self.bert` is `self.mpnet`); sequence classification has its own head.
 
 
-class MPNetClassificationHead(nn.Module):
-    """dense, tanh, out_proj on the first token (<s>), as RoBERTa's."""
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        x = torch.tanh(self.dense(self.dropout(hidden[:, 0])))
-        return self.out_proj(self.dropout(x))
-
-
 class MPNetForSequenceClassification(MPNetPreTrainedModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.mpnet = MPNetModel(config, add_pooler=False)
-        self.classifier = MPNetClassificationHead(config)
+        self.classifier = RobertaClassificationHead(config)  # RoBERTa's: dense, tanh, out_proj on <s>
         self.init_weights()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         logits = self.classifier(self.mpnet(input_ids, attention_mask).last_hidden_state)
-        loss = None
-        if labels is not None:
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))
-            else:
-                loss = F.cross_entropy(logits, labels)
-        return HeadOutput(logits=logits, loss=loss)
+        return HeadOutput(logits=logits, loss=sequence_loss(logits, labels))
 
 
 class MPNetLMHead(nn.Module):

@@ -7,6 +7,8 @@ BERT's heads; model/architectures.py renames `roberta.` weights to our `bert.` o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -16,17 +18,19 @@ from .config import BertConfig
 
 
 class RobertaClassificationHead(nn.Module):
-    """dense -> tanh -> out_proj on the first token (<s>); RoBERTa keeps no pooler for this."""
+    """dense -> act -> out_proj on the first token (<s>); RoBERTa keeps no pooler for this. MPNet's
+    head is the same; ELECTRA's has GELU for tanh (`act`)."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, act: Callable[[Tensor], Tensor] = torch.tanh):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.extra.get("classifier_dropout") or config.hidden_dropout_prob)
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+        self.act = act
 
     def forward(self, hidden: Tensor) -> Tensor:
-        x = self.dropout(hidden[:, 0])  # (B, T, C) -> (B, C): <s>
-        x = torch.tanh(self.dense(x))
+        x = self.dropout(hidden[:, 0])  # (B, T, C) -> (B, C): <s> / [CLS]
+        x = self.act(self.dense(x))
         return self.out_proj(self.dropout(x))
 
 

@@ -382,6 +382,15 @@ def server(
                 outcome["exit_code"] = proc.returncode
 
 
+def uvicorn_command(port: int, tree: Path = ROOT) -> list[str]:
+    """`uvicorn app.main:app` on loopback, with the connection layer where `tree`'s code has one (as
+    `python -m app` and deploy/entrypoint.sh run it; an older revision's tree has none)."""
+    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    if (tree / "app" / "api" / "connections.py").exists():
+        command += ["--http", "app.api.connections:GuardedHttp", "--no-server-header"]
+    return command
+
+
 def serve_ours(
     models_dir: Path,
     log_path: Path,
@@ -394,8 +403,7 @@ def serve_ours(
     port, with other settings as environment variables: (its URL, the `server` context that runs it)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--http", "app.api.connections:GuardedHttp", "--no-server-header"]  # as deploy/entrypoint.sh
+    command = uvicorn_command(port)
     command += ["--workers", str(workers)] if workers > 1 else []
     env = {"MODELS_DIR": str(models_dir), "LOG_LEVEL": "WARNING", **env}
     return url, server(command, env, log_path, url, ready_timeout, outcome)

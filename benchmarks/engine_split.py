@@ -50,9 +50,7 @@ def git(root: Path, *args: str) -> str:
 
 def start(tree: Path, models_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
     port = common.free_port()
-    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
-    if (tree / "app/api/connections.py").exists():  # the connection layer, as `python -m app` runs it
-        command += ["--http", "app.api.connections:GuardedHttp", "--no-server-header"]
+    command = common.uvicorn_command(port, tree)
     env = {**os.environ, "MODELS_DIR": str(models_dir), "LOG_LEVEL": "WARNING", "DEVICE": "cpu"}
     env["PYTHONPATH"] = str(tree)
     with open(log, "wb") as out:

@@ -31,7 +31,6 @@ import os
 import resource
 import struct
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -50,9 +49,7 @@ SMALL = json.dumps({"text": "a fine, moving film", "model": "sst2-minilm"}).enco
 
 # ---------------------------------------------------------------------------------- the server
 def start_server(tree: Path, models_dir: Path, log: Path, port: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
-    if (tree / "app" / "api" / "connections.py").exists():  # the connection layer, where the code has it
-        command += ["--http", "app.api.connections:GuardedHttp", "--no-server-header"]
+    command = common.uvicorn_command(port, tree)
     env = {**os.environ, "MODELS_DIR": str(models_dir), "API_KEY": KEY, "LOG_LEVEL": "WARNING"}
     env["PYTHONPATH"] = str(tree)
     return subprocess.Popen(

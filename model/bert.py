@@ -48,7 +48,7 @@ class HeadOutput:
     loss: Tensor | None = None
     start_logits: Tensor | None = None
     end_logits: Tensor | None = None
-    prediction_logits: Tensor | None = None  # MLM, [batch, seq, vocab]
+    prediction_logits: Tensor | None = None  # MLM, [batch, seq, vocab] (masked_only: [masked, vocab])
     seq_relationship_logits: Tensor | None = None  # NSP, [batch, 2]
     mlm_loss: Tensor | None = None
     nsp_loss: Tensor | None = None
@@ -460,7 +460,13 @@ def mlm_loss(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 class BertForPreTraining(BertPreTrainedModel):
-    """Masked LM + next-sentence prediction; the loss is their sum."""
+    """Masked LM + next-sentence prediction; the loss is their sum.
+
+    `masked_only` (pretraining sets it): given labels, the MLM head runs at the masked positions
+    only, as the loss needs, and prediction_logits is [masked, vocab] in row-major order. With a
+    20,000-piece vocabulary the decoder over every position was most of a step's time."""
+
+    masked_only = False
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -475,7 +481,11 @@ class BertForPreTraining(BertPreTrainedModel):
         self, input_ids, attention_mask=None, token_type_ids=None, labels=None, next_sentence_label=None
     ):
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        prediction_logits = self.cls.predictions(out.last_hidden_state)
+        hidden = out.last_hidden_state
+        if self.masked_only and labels is not None:
+            selected = labels != -100
+            hidden, labels = hidden[selected], labels[selected]  # (B, T, H) -> (masked, H); (masked,)
+        prediction_logits = self.cls.predictions(hidden)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)
         result = HeadOutput(prediction_logits=prediction_logits, seq_relationship_logits=nsp_logits)
         if labels is not None:

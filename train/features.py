@@ -425,17 +425,13 @@ class PretrainTask(Task):
     def row_outputs(self, output, batch):
         import torch
 
-        from .pretrain_data import mlm_nsp_accuracy
+        from .pretrain_data import masked_hits
 
-        mlm, nsp = output.prediction_logits.cpu(), output.seq_relationship_logits.cpu()
         labels = torch.as_tensor(batch["labels"]).cpu()
+        right, masked = masked_hits(output.prediction_logits.cpu(), labels)
         nsp_labels = torch.as_tensor(batch["next_sentence_label"]).cpu().view(-1)
-        rows = []
-        for i in range(len(mlm)):
-            one = slice(i, i + 1)
-            counts = mlm_nsp_accuracy(mlm[one], labels[one], nsp[one], nsp_labels[one])
-            rows.append((int(counts["mlm_correct"]), int(counts["mlm_total"]), int(counts["nsp_correct"])))
-        return rows
+        nsp = output.seq_relationship_logits.cpu().argmax(-1) == nsp_labels
+        return [(int(r), int(m), int(n)) for r, m, n in zip(right, masked, nsp, strict=True)]
 
     def metrics(self, data, outputs: list) -> dict[str, float]:
         correct, total, nsp = (sum(column) for column in zip(*outputs, strict=True))

@@ -298,6 +298,18 @@ def collate_pretrain(items: list[dict[str, np.ndarray]], pad_id: int = 0) -> dic
 
 
 @torch.no_grad()
+def masked_hits(prediction_logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of `labels` (B, T): MLM predictions right, and positions masked. The logits are
+    (B, T, vocab), or (masked, vocab) from a model that scores the masked positions only."""
+    selected = labels != IGNORE_INDEX
+    logits = prediction_logits[selected] if prediction_logits.dim() == 3 else prediction_logits
+    right = (logits.argmax(-1) == labels[selected]).long()
+    rows = selected.nonzero()[:, 0]  # the row of each masked position, row-major as the logits
+    size = labels.shape[0]
+    return torch.bincount(rows, weights=right, minlength=size).long(), selected.sum(dim=1)
+
+
+@torch.no_grad()
 def mlm_nsp_accuracy(
     prediction_logits: torch.Tensor,
     labels: torch.Tensor,
@@ -309,9 +321,7 @@ def mlm_nsp_accuracy(
     Also returns the counts behind each accuracy so callers can average over batches
     correctly (sum correct / sum total rather than the mean of per-batch ratios).
     """
-    selected = labels != IGNORE_INDEX
-    mlm_total = int(selected.sum())
-    mlm_correct = int((prediction_logits.argmax(-1)[selected] == labels[selected]).sum())
+    mlm_correct, mlm_total = (int(n.sum()) for n in masked_hits(prediction_logits, labels))
     result = {
         "mlm_accuracy": mlm_correct / mlm_total if mlm_total else 0.0,
         "mlm_correct": float(mlm_correct),

@@ -406,6 +406,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.manual_seed(args.seed)  # head initialisation does not depend on how the data was read
     model = build_model(task, base_dir, model_extra(args, task), args.scratch_config)
+    if args.task == "pretrain":
+        model.masked_only = True  # the MLM head where the loss looks only (model/bert.py)
     metric = args.metric_for_best or DEFAULT_METRIC[args.task]
     if args.task == "classify" and task.problem_type == "regression" and not args.metric_for_best:
         metric = "pearson"

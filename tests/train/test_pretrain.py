@@ -303,3 +303,25 @@ def test_tiny_pretraining_run_learns(tokenizer: TextTokenizer, tmp_path: Path, o
     assert float(after.nsp_loss) < 0.5 * float(before.nsp_loss)
     assert accuracy_after["mlm_accuracy"] > accuracy_before["mlm_accuracy"] + 0.15
     assert accuracy_after["nsp_accuracy"] > 0.85
+
+
+def test_masked_only_scores_the_masked_positions_as_the_full_head_does() -> None:
+    from model.bert import BertForPreTraining
+    from train.pretrain_data import masked_hits
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config("pretrain")).eval()
+    ids = torch.randint(5, model.config.vocab_size, (3, 12))
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[0, [1, 4]], labels[2, 7] = ids[0, [1, 4]], ids[2, 7]  # row 1 has no masked position
+    nsp = torch.tensor([0, 1, 0])
+    with torch.no_grad():
+        full = model(ids, labels=labels, next_sentence_label=nsp)
+        model.masked_only = True
+        masked = model(ids, labels=labels, next_sentence_label=nsp)
+    assert masked.prediction_logits.shape == (3, model.config.vocab_size)
+    torch.testing.assert_close(masked.prediction_logits, full.prediction_logits[labels != IGNORE_INDEX])
+    torch.testing.assert_close(masked.loss, full.loss)
+    ours, theirs = masked_hits(masked.prediction_logits, labels), masked_hits(full.prediction_logits, labels)
+    assert [t.tolist() for t in ours] == [t.tolist() for t in theirs]
+    assert masked_hits(full.prediction_logits, labels)[1].tolist() == [2, 0, 1]

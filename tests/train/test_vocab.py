@@ -1,5 +1,6 @@
-"""The WordPiece vocabulary builder: Chinese one character per token, offsets that round-trip for
-mixed Chinese, English and digits, and a vocabulary that trains, exports and serves."""
+"""The vocabulary builder: WordPiece with Chinese one character per token, or Unigram pieces with
+multi-character Chinese words; offsets that round-trip for mixed Chinese, English and digits, and
+a vocabulary that trains, exports and serves."""
 
 from __future__ import annotations
 
@@ -41,6 +42,29 @@ def vocab_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_vocab([corpus], root / "tokenizer", vocab_size=400, min_frequency=1)
 
 
+@pytest.fixture(scope="module")
+def pieces_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pieces")
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
+    return build_vocab([corpus], root / "tokenizer", vocab_size=300, pieces=True)
+
+
+BOTH = ["vocab_dir", "pieces_dir"]
+
+
+def test_pieces_hold_chinese_words_in_bert_layout(pieces_dir: Path) -> None:
+    vocab = (pieces_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert vocab[: len(SPECIAL_TOKENS)] == SPECIAL_TOKENS
+    assert [t for t in vocab if len(t) > 1 and all(is_cjk(c) for c in t)], "no multi-character Chinese piece"
+    tokenizer = TextTokenizer.from_dir(pieces_dir)
+    assert tokenizer.model_kind == "Unigram" and tokenizer.mask_id == vocab.index("[MASK]")
+    assert json.loads((pieces_dir / "tokenizer_config.json").read_text())["tokenize_chinese_chars"] is False
+    encoding = tokenizer.encode("故宫文物医院", "导演", max_length=32)  # [CLS] a [SEP] b [SEP], as BERT
+    assert encoding.input_ids[0] == vocab.index("[CLS]") and encoding.input_ids[-1] == vocab.index("[SEP]")
+    assert 2 < len(encoding.input_ids) < 2 + 6 + 1 + 2 and tokenizer.unk_id not in encoding.input_ids
+
+
 def test_files_and_special_tokens(vocab_dir: Path) -> None:
     vocab = (vocab_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
     assert vocab[: len(SPECIAL_TOKENS)] == SPECIAL_TOKENS
@@ -69,9 +93,10 @@ def test_every_chinese_character_is_one_token(vocab_dir: Path) -> None:
     assert len(tokens) == 6 and tokenizer.unk_id not in tokens.ids
 
 
+@pytest.mark.parametrize("kind", BOTH)
 @pytest.mark.parametrize("text", MIXED)
-def test_offsets_round_trip_mixed_chinese_english_digits(vocab_dir: Path, text: str) -> None:
-    tokenizer = TextTokenizer.from_dir(vocab_dir)
+def test_offsets_round_trip_mixed_chinese_english_digits(kind: str, text: str, request) -> None:
+    tokenizer = TextTokenizer.from_dir(request.getfixturevalue(kind))
     id_to_token = {i: t for t, i in tokenizer.tokenizer.get_vocab().items()}
     tokens = tokenizer.tokenize(text)
     assert len(tokens) > 0
@@ -89,7 +114,7 @@ def test_offsets_round_trip_mixed_chinese_english_digits(vocab_dir: Path, text: 
                 piece,
                 id_to_token[int(token_id)],
             )
-        if any(is_cjk(c) for c in piece):
+        if any(is_cjk(c) for c in piece) and kind == "vocab_dir":
             assert len(piece) == 1
     # Every non-space character is inside some token: nothing is dropped.
     assert all(covered[i] or text[i].isspace() for i in range(len(text)))
@@ -115,9 +140,11 @@ def test_cli_and_bad_input(tmp_path: Path, capsys) -> None:
         build_vocab([empty], tmp_path / "w")
 
 
-def test_vocabulary_trains_exports_and_serves_offsets(vocab_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", BOTH)
+def test_vocabulary_trains_exports_and_serves_offsets(kind: str, tmp_path: Path, request) -> None:
     """From scratch on the built vocabulary (--scratch-config), exported to a bundle, whose tokenizer
     (what the service loads) gives the same ids and offsets, and whose ONNX model answers."""
+    vocab_dir = request.getfixturevalue(kind)
     from export import export_bundle
     from export.bundle import load_bundle_manifest
     from tests.helpers.tiny import tiny_sizes

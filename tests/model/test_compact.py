@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import bert
-from model.compact import compress, rebuild
+from model.compact import FP16_FILE, compress, rebuild, rebuild_fp16, store_fp16
 from tests.helpers.tiny import tiny_config, write_tokenizer_files
 
 
@@ -90,3 +90,20 @@ def test_changed_word_embeddings_are_refused(tmp_path):
     tuned.save_pretrained(tuned_dir)
     with pytest.raises(ValueError, match="freeze-embeddings"):
         compress(tuned_dir, base_dir, tmp_path / "c", rank=4)
+
+
+def test_fp16_store_rebuilds_the_fp16_weights_exactly_and_checks_their_hash(tmp_path, base_and_tuned):
+    _, tuned_dir, tuned = base_and_tuned
+    report = store_fp16(tuned_dir, tmp_path / "fp16")
+    assert report["bytes"] < 0.55 * sum(p.numel() * 4 for p in tuned.parameters())
+    rebuilt_dir = rebuild_fp16(tmp_path / "fp16", tmp_path / "r")
+    rebuilt = bert.BertForSequenceClassification.from_pretrained(rebuilt_dir)
+    assert rebuilt.config.id2label == {0: "neg", 1: "pos"}
+    for key, value in tuned.state_dict().items():  # every weight is the fp16 value, widened
+        assert torch.equal(rebuilt.state_dict()[key], value.half().float()), key
+    assert (tmp_path / "r" / "vocab.txt").read_bytes() == (tuned_dir / "vocab.txt").read_bytes()
+    stored = tmp_path / "fp16" / FP16_FILE
+    data = stored.read_bytes()
+    stored.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(ValueError, match="sha256"):
+        rebuild_fp16(tmp_path / "fp16", tmp_path / "r2")

@@ -195,7 +195,13 @@ def create_app(settings: Settings | None = None, engine_socket: str | None = Non
     # requests are refused once their body is in (so slow senders never hold an admission slot)
     # but before it is parsed and tokenized.
     app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight, metrics=metrics)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        metrics=metrics,
+        max_items=settings.max_batch_items,
+        max_choices=settings.max_choices,
+    )
     # The key before any body byte is read: a refused client costs a header lookup.
     app.add_middleware(AuthMiddleware, api_key=settings.api_key, admin_api_key=settings.admin_api_key)
     origins = settings.cors_origin_list

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import re
@@ -20,6 +21,7 @@ from app.api.error_table import (
     is_v2_path,
     v2_errors,
 )
+from app.api.precount import PRECOUNT_BYTES, precount
 from app.errors import BodyTooLarge, InternalError, Overloaded, Unauthorized, UnsupportedMediaType
 from app.observe.logs import new_request_id, request_id_var
 from app.observe.metrics import Metrics
@@ -239,10 +241,24 @@ class RequestContextMiddleware:
 
 
 class BodyLimitMiddleware:
-    """Read the whole body up to `max_bytes` before the app sees it: 413 beyond, without buffering more."""
+    """Read the whole body up to `max_bytes` before the app sees it: 413 beyond, without buffering
+    more. A large JSON body's lists are then counted before anything parses it (app/api/precount.py),
+    in a worker thread."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics):
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics, max_items: int, max_choices: int):
         self.app, self.max_bytes, self.metrics = app, max_bytes, metrics
+        self.max_items, self.max_choices = max_items, max_choices
+
+    async def _counted(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> bool:
+        """False after refusing a body whose counts are over the limits (its answer sent)."""
+        headers = Headers(scope=scope)
+        if len(body) <= PRECOUNT_BYTES or headers.get("inference-header-content-length") is not None:
+            return True  # small, or V2 binary (its JSON header is small; the route checks its shapes)
+        error = await asyncio.to_thread(precount, scope["path"], body, self.max_items, self.max_choices)
+        if error is None:
+            return True
+        await domain_error_response(error, str(error), error.field)(scope, receive, send)
+        return False
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send, size: str) -> None:
         task = TASK_PATHS.get(scope["path"], "none")
@@ -287,13 +303,16 @@ class BodyLimitMiddleware:
         if chunks and chunks[0][:2] == GZIP_MAGIC:  # JSON, and V2's JSON header, never start so
             await self._unsupported(scope, receive, send, "the body is gzip-compressed")
             return
+        body = b"".join(chunks)
+        if not await self._counted(scope, receive, send, body):
+            return
         replayed = False
 
         async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # after the body: wait for the disconnect, as the server would
 
         await self.app(scope, replay, send)

@@ -38,14 +38,14 @@ def scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: sorted(points.items()) for tag, points in curves.items()}
 
 
-def unigram_baseline(work: Path, max_seq_len: int, seed: int = 42) -> dict:
+def unigram_baseline(work: Path, run: Path, max_seq_len: int, seed: int = 42) -> dict:
     """Always predicting the most frequent token of the held-out masked positions (the masks
     evaluation draws): what MLM accuracy must clearly beat."""
     from processing.tokenizer import TextTokenizer
 
     from .pretrain_data import IGNORE_INDEX, PretrainDataset
 
-    tokenizer = TextTokenizer.from_dir(work / "vocab")
+    tokenizer = TextTokenizer.from_dir(run)  # the run's own vocabulary, saved with it
     dataset = PretrainDataset(tokenizer, work / "valid.txt", max_seq_len=max_seq_len, seed=seed)
     dataset.set_epoch(0)
     counts: Counter[int] = Counter()
@@ -63,11 +63,11 @@ def unigram_baseline(work: Path, max_seq_len: int, seed: int = 42) -> dict:
     }
 
 
-def pretrain(work: Path, out: Path) -> dict:
-    curves = scalars(work / "run" / "runs")
-    state_metrics = work / "run" / "metrics.json"
-    metrics = json.loads(state_metrics.read_text(encoding="utf-8"))
-    config = json.loads((work / "run" / "config.json").read_text(encoding="utf-8"))
+def pretrain(work: Path, out: Path, run_name: str = "run") -> dict:
+    run = work / run_name
+    curves = scalars(run / "runs")
+    metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    config = json.loads((run / "config.json").read_text(encoding="utf-8"))
     report = {
         "corpus": json.loads((work / "corpus.json").read_text(encoding="utf-8")),
         "model": {
@@ -84,7 +84,7 @@ def pretrain(work: Path, out: Path) -> dict:
         "stopped_by": metrics.get("stopped_by"),
         "wall_time_s_last_part": metrics["wall_time_s"],
         "final": metrics["validation"],
-        "unigram_baseline": unigram_baseline(work, config.get("max_seq_len", 128)),
+        "unigram_baseline": unigram_baseline(work, run, config.get("max_seq_len", 128)),
         "last_command": relative(metrics["command"]),
         "curves": curves,
     }
@@ -208,11 +208,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("what", choices=["pretrain", "finetune"])
     p.add_argument("work", type=Path, help="the corpus folder of python -m train.corpus (runs inside it)")
     p.add_argument("--out", type=Path, required=True, help="results path without suffix")
+    p.add_argument("--run", default="run", help="pretrain: the run folder inside WORK")
     p.add_argument("--runs", default="", help="finetune: comma list of run folders inside WORK")
     p.add_argument("--test", type=Path, help="finetune: the test file, scored once per run")
     args = p.parse_args(argv)
     if args.what == "pretrain":
-        pretrain(args.work, args.out)
+        pretrain(args.work, args.out, args.run)
     else:
         finetune(args.work, args.out, args.runs.split(","), args.test)
 

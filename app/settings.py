@@ -99,6 +99,12 @@ class Settings(BaseSettings):
         None, description="Bearer key of the admin API (load/unload models); unset = the admin API is off"
     )
     model_poll_s: float = Field(0.0, ge=0, description="Apply MODELS_DIR's changes every N seconds; 0 = off")
+    max_load_s: float = Field(
+        300.0,
+        ge=0,
+        description="A version whose loading and warm-up take longer is refused and its sessions dropped; "
+        "0 = no limit",
+    )
     max_models_memory_mb: float | None = Field(
         None, gt=0, description="Most resident memory all loaded models may take; unset = no limit"
     )

@@ -132,6 +132,7 @@ class ModelControl:
                     self.settings.cpu_variant,
                     self.settings.max_batch_size,
                     self.registry.room(model),
+                    self.settings.max_load_s,
                 )
                 if model.task is not None and bundle.task != model.task:
                     raise BundleError(

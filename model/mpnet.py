@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from processing.tasks import TASKS
@@ -35,10 +34,11 @@ from .bert import (
     EncoderOutput,
     HeadOutput,
     additive_attention_mask,
+    mlm_loss,
     sequence_loss,
 )
 from .config import BertConfig
-from .roberta import RobertaClassificationHead
+from .roberta import RobertaClassificationHead, RobertaLMHead
 
 # transformers' MPNetEncoder.compute_position_bias always buckets into 32, whatever the config's
 # relative_attention_num_buckets (which only sizes the table); we do the same.
@@ -217,25 +217,11 @@ class MPNetForSequenceClassification(MPNetPreTrainedModel):
         return HeadOutput(logits=logits, loss=sequence_loss(logits, labels))
 
 
-class MPNetLMHead(nn.Module):
-    """dense, gelu, layer_norm, then the decoder tied to the word embeddings, plus its own bias."""
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        return self.decoder(self.layer_norm(F.gelu(self.dense(hidden)))) + self.bias
-
-
 class MPNetForMaskedLM(MPNetPreTrainedModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.mpnet = MPNetModel(config, add_pooler=False)
-        self.lm_head = MPNetLMHead(config)
+        self.lm_head = RobertaLMHead(config)  # RoBERTa's: dense, gelu, layer_norm, tied decoder
         self.init_weights()
 
     def tie_weights(self) -> None:
@@ -246,10 +232,7 @@ class MPNetForMaskedLM(MPNetPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         logits = self.mlm_logits(input_ids, attention_mask)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
-        return HeadOutput(logits=logits, loss=loss)
+        return HeadOutput(logits=logits, loss=mlm_loss(logits, labels) if labels is not None else None)
 
 
 class MPNetForSparseEmbedding(MPNetForMaskedLM):

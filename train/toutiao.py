@@ -24,14 +24,14 @@ def package(checkpoint: Path, out: Path) -> dict:
     from model.compact import store_fp16
     from model.config import BertConfig
 
+    from .recipes import rename_labels
+
     config = BertConfig.from_pretrained(checkpoint)
     codes = sorted(config.id2label.values())
     if codes != sorted(LABEL_NAMES):
         raise ValueError(f"{checkpoint}: labels {codes}, expected the codes 0-14 of the Toutiao data")
     report = store_fp16(checkpoint, out)
-    config = BertConfig.from_pretrained(out)
-    config.id2label = {i: LABEL_NAMES[code] for i, code in config.id2label.items()}
-    config.save_pretrained(out)
+    rename_labels(out, LABEL_NAMES)
     return report
 
 

@@ -73,10 +73,9 @@ def build_vocab(
     config = {"do_lower_case": lowercase, "tokenize_chinese_chars": not pieces}
     # A Unigram model is no BertTokenizer: transformers reads it from tokenizer.json alone.
     config["tokenizer_class"] = "PreTrainedTokenizerFast" if pieces else "BertTokenizer"
-    config |= {f"{role}_token": f"[{role.upper()}]" for role in ("pad", "unk", "cls", "sep", "mask")}
+    specials = {f"{role}_token": f"[{role.upper()}]" for role in ("pad", "unk", "cls", "sep", "mask")}
+    config |= specials
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]"}
-    specials["mask_token"] = "[MASK]"
     (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
     return out
 

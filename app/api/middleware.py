@@ -312,7 +312,7 @@ class BodyLimitMiddleware:
             chunks.append(body)
             more = message.get("more_body", False)
             if v2_head and total >= v2_head:
-                head, v2_head = b"".join(chunks)[: int(header)], 0
+                head, v2_head = b"".join(chunks)[:v2_head], 0
                 if head[:2] != GZIP_MAGIC and not await self._counted(scope, receive, send, head, more):
                     return
             if not more:

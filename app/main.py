@@ -26,6 +26,7 @@ from fastapi_offline import FastAPIOffline
 
 from app.api.admin import router as admin_router
 from app.api.cache import ResponseCache
+from app.api.connections import Guard
 from app.api.error_table import install_error_handlers
 from app.api.headers import TEI_HEADERS
 from app.api.middleware import (
@@ -218,6 +219,7 @@ def create_app(settings: Settings | None = None, engine_socket: str | None = Non
             ],
         )
     app.add_middleware(RequestContextMiddleware, metrics=metrics, in_flight=state.in_flight)
+    Guard.counter = metrics.connections_refused  # the connection layer's refusals, under uvicorn
     return app
 
 

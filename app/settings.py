@@ -87,6 +87,12 @@ class Settings(BaseSettings):
         description="Open connections; 0 = min(4096, open-file limit - 128). At the cap a new connection "
         "closes the oldest one still sending its request line and headers (or idle), else it gets 503",
     )
+    refusal_delay_ms: float = Field(
+        1000.0,
+        ge=0,
+        le=10_000,
+        description="A 401, or a V2 header's 400, from the connection layer is answered after this delay",
+    )
     max_text_chars: int = Field(20_000, ge=1)
     max_qa_context_chars: int = Field(100_000, ge=1)
     max_batch_items: int = Field(64, ge=1)

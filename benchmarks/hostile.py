@@ -9,7 +9,8 @@ throughout; one attack runs at a time beside it, each for --phase-s seconds:
 - idle: 1,030 connections that send nothing (re-opened whenever the server closes one);
 - slow headers: 500 connections that send a header byte a second;
 - slow bodies: 300 connections that send 1 MiB minus 10 bytes of a body and stall;
-- pre-auth flood: 8 clients sending 900 kB /classify bodies (56k inputs) with no key;
+- pre-auth flood: 8 clients sending 900 kB /classify bodies (56k inputs) with no key, each waiting
+  for its answer before the next; and the same from 256 clients;
 - V2 flood: 8 keyed clients sending V2 binary bodies of 200k zero-length BYTES elements;
 - huge QA: 6 keyed /qa requests with 100k-character contexts at once (waited for up to 120 s).
 
@@ -48,9 +49,11 @@ SMALL = json.dumps({"text": "a fine, moving film", "model": "sst2-minilm"}).enco
 
 
 # ---------------------------------------------------------------------------------- the server
-def start_server(tree: Path, models_dir: Path, log: Path, port: int) -> subprocess.Popen:
+def start_server(
+    tree: Path, models_dir: Path, log: Path, port: int, settings: dict[str, str]
+) -> subprocess.Popen:
     command = common.uvicorn_command(port, tree)
-    env = {**os.environ, "MODELS_DIR": str(models_dir), "API_KEY": KEY, "LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "MODELS_DIR": str(models_dir), "API_KEY": KEY, "LOG_LEVEL": "WARNING", **settings}
     env["PYTHONPATH"] = str(tree)
     return subprocess.Popen(
         command, cwd=tree, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
@@ -188,6 +191,7 @@ async def huge_qa(port: int) -> Counter:
 
 def attacks(port: int, phase_s: float) -> list[tuple[str, Any]]:
     slow_body = request("/classify", b"a" * (1 << 20))[:-10]
+    keyless = request("/classify", json.dumps({"inputs": [{"text": "x"}] * 56_000}).encode(), key=False)
     return [
         ("idle connections", lambda until: hold_connections(port, NOFILE + 6, until)),
         (
@@ -195,15 +199,8 @@ def attacks(port: int, phase_s: float) -> list[tuple[str, Any]]:
             lambda until: hold_connections(port, 500, until, b"POST /classify HTTP/1.1\r\n", b"X" * 600),
         ),
         ("slow bodies", lambda until: hold_connections(port, 300, until, slow_body)),
-        (
-            "pre-auth flood",
-            lambda until: flood(
-                port,
-                request("/classify", json.dumps({"inputs": [{"text": "x"}] * 56_000}).encode(), key=False),
-                8,
-                until,
-            ),
-        ),  # fmt: skip
+        ("pre-auth flood", lambda until: flood(port, keyless, 8, until)),
+        ("pre-auth flood, 256 clients", lambda until: flood(port, keyless, 256, until)),
         ("V2 flood", lambda until: flood(port, v2_flood_body(), 8, until)),
         ("huge QA", lambda until: huge_qa(port)),
     ]
@@ -211,7 +208,7 @@ def attacks(port: int, phase_s: float) -> list[tuple[str, Any]]:
 
 # ---------------------------------------------------------------------------------- one run
 async def run_phases(
-    port: int, pid: int, phase_s: float
+    port: int, pid: int, phase_s: float, only: set[str]
 ) -> tuple[list[dict[str, Any]], list[tuple[float, float]]]:
     rss: list[tuple[float, float]] = []
 
@@ -222,32 +219,45 @@ async def run_phases(
 
     phases = []
     for name, attack in [("baseline", None), *attacks(port, phase_s)]:
-        before = common.tree_rss_mb(pid)
+        if only and name != "baseline" and name not in only:
+            continue
+        before, cpu = common.tree_rss_mb(pid), tree_cpu_s(pid)
         start = time.time()
         until = start + phase_s
         work = [sample(until)] + ([attack(until)] if attack else [])
         outcome = (await asyncio.gather(*work))[1:]
         end = time.time()
+        cpu = (tree_cpu_s(pid) - cpu) / (end - start)
         await asyncio.sleep(3)  # the attack's connections close; the server settles
         got = {str(k): v for k, v in (outcome[0] if outcome else {}).items()}
         after = common.tree_rss_mb(pid)
         phases.append(
             {"phase": name, "start": start, "end": end, "rss_before_mb": before, "rss_after_mb": after,
-             "attackers_got": got}
+             "server_cpu": round(cpu, 3), "attackers_got": got}
         )  # fmt: skip
     return phases, rss
 
 
-def one_run(tree: Path, models_dir: Path, phase_s: float, log: Path) -> dict[str, Any]:
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of the server and its children so far."""
+    import psutil
+
+    process = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [process, *process.children(recursive=True)])
+
+
+def one_run(
+    tree: Path, models_dir: Path, phase_s: float, log: Path, only: set[str], settings: dict[str, str]
+) -> dict[str, Any]:
     port = common.free_port()
-    proc = start_server(tree, models_dir, log, port)
+    proc = start_server(tree, models_dir, log, port, settings)
     try:
         wait_ready(port, proc)
         stop, (receive, send) = multiprocessing.Event(), multiprocessing.Pipe(duplex=False)
         client = multiprocessing.Process(target=steady, args=(port, stop, send))
         client.start()
         time.sleep(2)
-        phases, rss = asyncio.run(run_phases(port, proc.pid, phase_s))
+        phases, rss = asyncio.run(run_phases(port, proc.pid, phase_s, only))
         stop.set()
         rows = receive.recv()
         client.join()
@@ -281,8 +291,8 @@ def fmt(value: float | None) -> str:
 def table(runs: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
         "| phase | code | steady p50 ms | p99 ms | max ms | steady failed / sent "
-        "| RSS before → peak → after MB | attackers got |",
-        "|---|---|---|---|---|---|---|---|",
+        "| server CPU, cores | RSS before → peak → after MB | attackers got |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for i in range(len(next(iter(runs.values()))["phases"])):
         for code, run in runs.items():
@@ -291,7 +301,7 @@ def table(runs: dict[str, dict[str, Any]]) -> list[str]:
             rss = f"{p['rss_before_mb']:.0f} → {fmt(p['rss_peak_mb'])} → {p['rss_after_mb']:.0f}"
             lines.append(
                 f"| {p['phase']} | {code} | {fmt(p['p50_ms'])} | {fmt(p['p99_ms'])} | {fmt(p['max_ms'])} "
-                f"| {p['failed']} / {p['requests']} | {rss} | {got} |"
+                f"| {p['failed']} / {p['requests']} | {p.get('server_cpu', '–')} | {rss} | {got} |"
             )
     return lines
 
@@ -326,8 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models-dir", type=Path, default=common.ROOT / ".cache" / "bundles")
     parser.add_argument("--before", help="a git revision to run first, as the 'before' column (e.g. main)")
     parser.add_argument("--phase-s", type=float, default=8.0)
+    parser.add_argument("--only", action="append", default=[], help="an attack to run (repeat; default all)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a server setting")
+    parser.add_argument("--name", default="hostile", help="results file name")
     parser.add_argument("--out", type=Path, default=common.ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
+    settings = dict(item.split("=", 1) for item in args.set)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))  # our own ~1,100 sockets
     machine = common.machine_info()
@@ -342,19 +356,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         for code, tree in [*trees, ("this code", common.ROOT)]:
             print(f"{code}: serving {', '.join(MODELS)}", flush=True)
-            runs[code] = one_run(tree, models, args.phase_s, Path(tmp) / f"{len(runs)}.log")
+            log = Path(tmp) / f"{len(runs)}.log"
+            runs[code] = one_run(tree, models, args.phase_s, log, set(args.only), settings)
     report = {"command": common.command("hostile", argv), "date": common.now(), "machine": machine,
               "phase_s": args.phase_s, "nofile": NOFILE, "runs": runs}  # fmt: skip
     text = "\n".join([
         "# Hostile clients beside a steady one", "",
         f"`{report['command']}` on {report['date']}. Machine: {common.machine_line(machine)}.", "",
-        f"Server: sst2-minilm and squad-minilm, API_KEY set, `ulimit -n {NOFILE}`, otherwise the defaults. "
+        f"Server: sst2-minilm and squad-minilm, API_KEY set, `ulimit -n {NOFILE}`, "
+        f"{''.join(f'`{k}={v}`, ' for k, v in settings.items())}otherwise the defaults. "
         f"Each attack runs {args.phase_s:g} s (huge QA: until its 6 requests are answered) beside a steady "
         "client that sends one small keyed /classify at a time; percentiles are of its answered requests in "
         "the phase. `0` among what attackers got: connection failed or still held at the end.", "",
-        *table(runs), "", "![steady client latency and server RSS per phase](hostile.png)",
+        *table(runs), "", f"![steady client latency and server RSS per phase]({args.name}.png)",
     ])  # fmt: skip
-    common.write_results(args.out, "hostile", report, text, lambda path: plot(runs, path))
+    common.write_results(args.out, args.name, report, text, lambda path: plot(runs, path))
     return 0
 
 

@@ -7,10 +7,12 @@ typed errors (app/errors.py, the batcher's), and ERRORS maps them.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from contextvars import ContextVar
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -161,7 +163,12 @@ ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def status_of(exc: Exception) -> Status:
-    return ERRORS[next(k for k in type(exc).__mro__ if k in ERRORS)]
+    return status_for(type(exc))
+
+
+@functools.cache
+def status_for(kind: type[Exception]) -> Status:
+    return ERRORS[next(k for k in kind.__mro__ if k in ERRORS)]
 
 
 def domain_error_response(exc: Exception, message: str, field: str | None = None) -> JSONResponse:
@@ -174,18 +181,22 @@ def domain_error_response(exc: Exception, message: str, field: str | None = None
     return error_response(status.status, status.code, message, fields, headers or None)
 
 
-REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
-
-
-def raw_error(exc: ServiceError) -> bytes:
+def raw_error(exc: ServiceError, v2: bool = False) -> bytes:
     """A whole HTTP/1.1 error response, for the connection layer (app/api/connections.py), which
-    answers before any ASGI request exists; the connection closes after it."""
-    status = status_of(exc)
-    body = json.dumps({"error": status.code, "message": exc.message}).encode()
+    answers before any ASGI request exists; the connection closes after it. `v2`: KServe's body."""
+    return _raw_error(type(exc), exc.message, v2)
+
+
+@functools.lru_cache(maxsize=64)  # a flood of refusals is mostly one answer, written again and again
+def _raw_error(kind: type[ServiceError], message: str, v2: bool) -> bytes:
+    status = status_for(kind)
+    code = V2_STATUS.get(status.status, status.status) if v2 else status.status
+    fields = {"error": message} if v2 else {"error": status.code, "message": message}
+    body = json.dumps(fields).encode()
     headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
     headers += [("connection", "close")]
     headers += list(status.headers) + ([("retry-after", str(RETRY_AFTER_S))] if status.retry else [])
-    head = f"HTTP/1.1 {status.status} {REASONS.get(status.status, 'Error')}\r\n"
+    head = f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\n"
     return (head + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode("latin-1") + body
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import re
 import time
@@ -13,6 +12,7 @@ from pydantic import SecretStr
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.auth import ADMIN_PREFIX, KeyRule, bearer_ok
 from app.api.error_table import (
     CLIENT_CLOSED,
     ERRORS,
@@ -21,7 +21,7 @@ from app.api.error_table import (
     is_v2_path,
     v2_errors,
 )
-from app.api.precount import PRECOUNT_BYTES, precount
+from app.api.precount import GZIP_MAGIC, PRECOUNT_BYTES, V2_INFER, precount
 from app.errors import BodyTooLarge, InternalError, Overloaded, Unauthorized, UnsupportedMediaType
 from app.observe.logs import new_request_id, request_id_var
 from app.observe.metrics import Metrics
@@ -44,14 +44,11 @@ KNOWN_PATHS = set(TASK_PATHS) | {
     "/v2/health/ready",
 }
 QUIET_PATHS = {"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"}
-ADMIN_PREFIX = "/admin/"
 MODEL_SCOPE_KEY = "bert.model"  # set by the route to the model that served the request
 # /v2/models/{name}[/versions/{version}][/ready | /infer]: labelled by the route, never the raw name.
-V2_READY_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?/ready$")
 V2_MODEL_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?(?P<verb>/ready|/infer)?$")
 
 
-GZIP_MAGIC = b"\x1f\x8b"
 LOGGED_CHARS = 256  # of a client-chosen field in a log line: a 64 kB path must not become a 64 kB line
 
 
@@ -134,18 +131,8 @@ class AdmissionMiddleware:
             self.active[task] -= 1
 
 
-V2_INFER = re.compile(r"/v2/models/[^/]+(/versions/[^/]+)?/infer")
-# Never behind the key: probes, metrics, the docs and the V2 server's health and metadata.
-OPEN_PATHS = {"/health", "/ready", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready"}
-OPEN_PREFIXES = ("/docs", "/redoc", "/openapi.json", "/static-offline-docs/")
-
-
 def bearer_matches(scope: Scope, key: SecretStr) -> bool:
-    scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
-    # compare_digest: the comparison time must not reveal how much of the key matched.
-    return scheme.lower() == "bearer" and hmac.compare_digest(
-        token.strip().encode("utf-8"), key.get_secret_value().encode("utf-8")
-    )
+    return bearer_ok(Headers(scope=scope).get("authorization", ""), key)
 
 
 def has_body(scope: Scope) -> bool:
@@ -155,30 +142,21 @@ def has_body(scope: Scope) -> bool:
 
 class AuthMiddleware:
     """The key is checked from the headers alone, before any byte of the body is read or parsed:
-    401 whatever the body, on every route but the open ones (API_KEY; ADMIN_API_KEY under /admin/,
-    whose routes answer 404 admin_disabled themselves when it is unset). A refused request's body is
-    never read: its connection closes after the answer."""
+    401 whatever the body, on every route but the open ones (app/api/auth.py). Under uvicorn the
+    connection layer has refused most such requests already; a refused request's body is never
+    read: its connection closes after the answer."""
 
     def __init__(self, app: ASGIApp, api_key: SecretStr | None, admin_api_key: SecretStr | None):
-        self.app, self.api_key, self.admin_api_key = app, api_key, admin_api_key
-        self.keyless = api_key is None and admin_api_key is None  # no key to check on any path
-
-    def key_for(self, path: str) -> tuple[SecretStr | None, str]:
-        if path.startswith(ADMIN_PREFIX):
-            return self.admin_api_key, "admin API key"
-        if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or V2_READY_PATH.match(path):
-            return None, ""
-        return self.api_key, "API key"
+        self.app, self.rule = app, KeyRule(api_key, admin_api_key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.keyless or scope["type"] != "http":
+        if self.rule.keyless or scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        key, what = self.key_for(scope["path"])
-        if key is None or bearer_matches(scope, key):
+        message = self.rule.refusal(scope["path"], Headers(scope=scope).get("authorization", ""))
+        if message is None:
             await self.app(scope, receive, send)
             return
-        message = f"missing or invalid {what}: send 'Authorization: Bearer <key>'"
         response = domain_error_response(Unauthorized(message), message)
         if has_body(scope):
             response.headers["connection"] = "close"

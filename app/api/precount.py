@@ -13,6 +13,8 @@ A body that is not a JSON object, or whose types are wrong, passes: the route wo
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 from app.api.v2 import check_shapes
@@ -20,6 +22,8 @@ from app.errors import RequestError, TooManyInputs
 
 # Smaller bodies validate within about a millisecond anyway (app/api/lean_route.py).
 PRECOUNT_BYTES = 32 << 10
+GZIP_MAGIC = b"\x1f\x8b"  # JSON, and V2's JSON header, never start so
+V2_INFER = re.compile(r"/v2/models/[^/]+(/versions/[^/]+)?/infer")
 ITEM_STARTS = (ord('"'), ord("{"), ord("["))
 
 

@@ -77,6 +77,14 @@ class Metrics:
         self.rejected = Counter(
             "bert_rejected", "Work refused or dropped", ["task", "reason", "model"], registry=r
         )
+        # Answered by the connection layer before any ASGI request (app/api/connections.py): 401,
+        # 408, 431, 503; `evicted` is an idle or header-only connection closed for a new one.
+        self.connections_refused = Counter(
+            "bert_connections_refused",
+            "Connections answered and closed below the app",
+            ["reason"],
+            registry=r,
+        )
         self.model_ready = Gauge(
             "bert_model_ready",
             "1 while a verified version of the model serves",

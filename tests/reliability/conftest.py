@@ -25,6 +25,7 @@ def live(models_dir, tmp_path_factory) -> Iterator[LiveServer]:
         API_KEY=API_KEY,
         MAX_WAIT_MS="2",
         MAX_IN_FLIGHT=str(LIVE_MAX_IN_FLIGHT),
+        REFUSAL_DELAY_MS="10",  # ~80 refused requests in test_security; test_connections times it
     )
     try:
         assert server.wait_ready().status_code == 200, server.log_text()

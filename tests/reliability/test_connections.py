@@ -4,7 +4,9 @@ open connections capped without locking out probes, and the key checked before t
 
 from __future__ import annotations
 
+import json
 import socket
+import struct
 import time
 from collections.abc import Iterator
 
@@ -19,6 +21,8 @@ BODY_TIMEOUT_S = 1.5
 MAX_HEADER_BYTES = 8192
 PENDING_MB = 2
 NOFILE = 256  # `ulimit -n`: the connection cap defaults to 128 below it
+ORIGIN = "https://app.example"
+REFUSAL_DELAY_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +36,8 @@ def guarded(models_dir, tmp_path_factory) -> Iterator[LiveServer]:
         BODY_TIMEOUT_S=str(BODY_TIMEOUT_S),
         MAX_HEADER_BYTES=str(MAX_HEADER_BYTES),
         MAX_PENDING_BODY_MB=str(PENDING_MB),
+        CORS_ORIGINS=ORIGIN,
+        REFUSAL_DELAY_MS=str(REFUSAL_DELAY_S * 1000),
     )
     try:
         assert server.wait_ready().status_code == 200, server.log_text()
@@ -211,7 +217,7 @@ def test_the_key_is_checked_before_any_body_byte(guarded, path):
     sock = connect(guarded, timeout_s=5)
     sock.sendall(post_head(path, 900_000, key=False))  # the body never comes
     status, waited = timed(sock)
-    assert status == 401 and waited < 1
+    assert status == 401 and waited < REFUSAL_DELAY_S + 1
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"\xff\xfe", b'{"text": ' + b"[" * 10_000])
@@ -220,6 +226,104 @@ def test_401_whatever_the_body(guarded, body):
     assert r.status_code == 401 and r.json()["error"] == "unauthorized"
     r = httpx.get(f"{guarded.url}/models")
     assert r.status_code == 401
+
+
+def counted(server: LiveServer, line: str) -> float:
+    """The value of one /metrics sample (0 when absent)."""
+    for sample in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if sample.startswith(line + " "):
+            return float(sample.split()[-1])
+    return 0.0
+
+
+def test_a_keyless_request_is_refused_below_the_app(guarded):
+    """The connection layer answers it: no ASGI request, so the app never counts it."""
+    below = 'bert_connections_refused_total{reason="unauthorized"}'
+    app_401 = 'bert_requests_total{endpoint="/classify",model="",status="401"}'
+    before = counted(guarded, below), counted(guarded, app_401)
+    for _ in range(3):
+        r = httpx.post(f"{guarded.url}/classify", json={"text": "x"}, headers={"Authorization": "Bearer no"})
+        assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+        assert r.headers["www-authenticate"] == "Bearer" and "API key" in r.json()["message"]
+    assert (counted(guarded, below), counted(guarded, app_401)) == (before[0] + 3, before[1])
+
+
+def test_the_refusal_below_the_app_follows_the_key_rule(guarded):
+    r = httpx.post(f"{guarded.url}/v2/models/classify/infer", json={"inputs": []})
+    assert r.status_code == 401 and set(r.json()) == {"error"}  # KServe's error body on V2 paths
+    assert httpx.get(f"{guarded.url}/heal%74h").status_code == 200  # the decoded path is open
+    assert httpx.get(f"{guarded.url}/v2/models/classify/ready").status_code == 200
+    assert httpx.get(f"{guarded.url}/models", headers=AUTH).status_code == 200
+
+
+def test_cors_requests_get_their_401_from_the_app(guarded):
+    """A browser can read a 401 only with the CORS headers, which the app's middleware adds."""
+    r = httpx.post(f"{guarded.url}/classify", json={"text": "x"}, headers={"Origin": ORIGIN})
+    assert r.status_code == 401 and r.headers["access-control-allow-origin"] == ORIGIN
+    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST"}
+    r = httpx.options(f"{guarded.url}/classify", headers=preflight)  # never carries the key
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+
+
+def v2_binary(shape: list[int], data: bytes) -> tuple[bytes, bytes]:
+    """A keyed V2 binary request's head and body (its JSON header, then `data`)."""
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "text",
+                    "shape": shape,
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(data)},
+                }
+            ]
+        }
+    ).encode()
+    head = post_head("/v2/models/classify/infer", len(header) + len(data)).replace(
+        b"application/json",
+        b"application/octet-stream\r\nInference-Header-Content-Length: " + str(len(header)).encode(),
+    )
+    return head, header + data
+
+
+def test_a_v2_header_over_the_limits_is_refused_before_its_data(guarded):
+    below = 'bert_connections_refused_total{reason="v2_shapes"}'
+    before = counted(guarded, below)
+    head, body = v2_binary([200_000], struct.pack("<I", 0) * 200_000)
+    sock = connect(guarded, timeout_s=5)
+    sock.sendall(head + body[: body.index(b"}]}") + 3])  # the JSON header only: the data never comes
+    answer = read_answer(sock)
+    assert status_of(answer) == 400 and b"200000" in answer
+    assert json.loads(answer.partition(b"\r\n\r\n")[2]).keys() == {"error"}
+    assert counted(guarded, below) == before + 1
+    # Within the limits, the same framing is served: the app starts once the header is in.
+    text = b"a fine film"
+    head, body = v2_binary([1], struct.pack("<I", len(text)) + text)
+    sock = connect(guarded, timeout_s=10)
+    sock.sendall(head + body[:20])
+    time.sleep(0.2)  # the header arrives in pieces
+    sock.sendall(body[20:])
+    assert one_response(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_a_refusal_is_answered_after_the_delay_and_probes_go_first(guarded):
+    """A client refused one request at a time waits REFUSAL_DELAY_MS for each answer, and its
+    paused connections are the first closed at the cap: a probe gets in past a wall of them."""
+    sock = connect(guarded)
+    sock.sendall(post_head("/classify", 900_000, key=False) + b"x" * 100_000)
+    status, waited = timed(sock)
+    assert status == 401 and waited >= REFUSAL_DELAY_S * 0.9
+    refused = [connect(guarded) for _ in range(NOFILE)]  # past the cap (128)
+    for s in refused:
+        s.sendall(post_head("/classify", 10, key=False))
+    try:
+        assert httpx.get(f"{guarded.url}/health", timeout=5).status_code == 200
+        answers = [status_of(read_answer(s)) for s in refused]
+        assert 401 in answers and 0 in answers, answers  # some answered, the oldest closed for others
+        assert set(answers) <= {401, 503, 0}
+    finally:
+        for s in refused:
+            s.close()
 
 
 def test_no_server_header(guarded):

@@ -65,7 +65,7 @@ async def test_api_key_is_compared_in_constant_time(models_dir, monkeypatch):
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr("app.api.middleware.hmac.compare_digest", spy)  # AuthMiddleware
+    monkeypatch.setattr("app.api.auth.hmac.compare_digest", spy)  # the key rule
     async with serving(models_dir, api_key="s3cret") as (_, client):
         wrong = await client.post(
             "/classify", json=VALID["/classify"], headers={"authorization": "Bearer s3creT"}

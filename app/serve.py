@@ -27,12 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.api.connections import UVICORN_ARGS
 from app.main import ENGINE_SOCKET_ENV
 from app.settings import Settings
 
 POLL_S = 0.1
-# Every uvicorn we start: connection limits at the socket (app/api/connections.py), no `server` header.
-EDGE = ["--http", "app.api.connections:GuardedHttp", "--no-server-header"]
 
 
 class Supervisor:
@@ -55,7 +54,7 @@ class Supervisor:
     def _front_end(self) -> subprocess.Popen:
         assert self.listener is not None
         fd = self.listener.fileno()
-        command = [sys.executable, "-m", "uvicorn", "app.main:app", "--fd", str(fd), *EDGE]
+        command = [sys.executable, "-m", "uvicorn", "app.main:app", "--fd", str(fd), *UVICORN_ARGS]
         # Sessions of their own: a terminal's Ctrl-C reaches this supervisor only, which stops the
         # processes in order (the engine last, so the front ends' requests drain).
         return subprocess.Popen(command, env=self.env, pass_fds=(fd,), start_new_session=True)
@@ -148,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             args.host,
             "--port",
             str(args.port),
-            *EDGE,
+            *UVICORN_ARGS,
         ]
         os.execv(sys.executable, command)
     return Supervisor(settings.api_servers, args.host, args.port, settings.shutdown_grace_s).run()

@@ -66,7 +66,9 @@ class EmbedOptions(Request):
     )
 
 
-class EmbedRequest(EmbedOptions):
+class EmbedTextsRequest(EmbedOptions):
+    """TEI's /embed_sparse and /embed_all; /embed adds `normalize`."""
+
     model_config = ConfigDict(
         extra="forbid",
         protected_namespaces=(),
@@ -75,6 +77,9 @@ class EmbedRequest(EmbedOptions):
         },
     )
     inputs: Texts = Field(description="One text, or a list of texts")
+
+
+class EmbedRequest(EmbedTextsRequest):
     normalize: StrictBool = Field(True, description="L2-normalize each vector (TEI's default)")
 
 
@@ -254,19 +259,6 @@ class PredictResponse(RootModel[list[Prediction] | list[list[Prediction]]]):
 
 
 # ----------------------------------------------------------------------------- embed_sparse, embed_all
-
-
-class EmbedTextsRequest(EmbedOptions):
-    """TEI's /embed_sparse and /embed_all."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        protected_namespaces=(),
-        json_schema_extra={
-            "examples": [{"inputs": "What is deep learning?"}, {"inputs": ["a cat", "a dog"]}]
-        },
-    )
-    inputs: Texts = Field(description="One text, or a list of texts")
 
 
 class SparseValue(BaseModel):

@@ -202,6 +202,7 @@ def create_app(settings: Settings | None = None, engine_socket: str | None = Non
         metrics=metrics,
         max_items=settings.max_batch_items,
         max_choices=settings.max_choices,
+        refusal_delay_s=settings.refusal_delay_ms / 1000,
     )
     # The key before any body byte is read: a refused client costs a header lookup.
     app.add_middleware(AuthMiddleware, api_key=settings.api_key, admin_api_key=settings.admin_api_key)

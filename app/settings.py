@@ -91,7 +91,8 @@ class Settings(BaseSettings):
         1000.0,
         ge=0,
         le=10_000,
-        description="A 401, or a V2 header's 400, from the connection layer is answered after this delay",
+        description="Refusals made before the app parses a request (a missing key, counts over the limits, "
+        "bodies over MAX_PENDING_BODY_MB) are answered after this delay",
     )
     max_text_chars: int = Field(20_000, ge=1)
     max_qa_context_chars: int = Field(100_000, ge=1)

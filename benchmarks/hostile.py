@@ -11,6 +11,7 @@ throughout; one attack runs at a time beside it, each for --phase-s seconds:
 - slow bodies: 300 connections that send 1 MiB minus 10 bytes of a body and stall;
 - pre-auth flood: 8 clients sending 900 kB /classify bodies (56k inputs) with no key, each waiting
   for its answer before the next; and the same from 256 clients;
+- keyed list flood: the same bodies from 8 keyed clients (refused by their list's length);
 - V2 flood: 8 keyed clients sending V2 binary bodies of 200k zero-length BYTES elements;
 - huge QA: 6 keyed /qa requests with 100k-character contexts at once (waited for up to 120 s).
 
@@ -191,7 +192,8 @@ async def huge_qa(port: int) -> Counter:
 
 def attacks(port: int, phase_s: float) -> list[tuple[str, Any]]:
     slow_body = request("/classify", b"a" * (1 << 20))[:-10]
-    keyless = request("/classify", json.dumps({"inputs": [{"text": "x"}] * 56_000}).encode(), key=False)
+    huge_list = json.dumps({"inputs": [{"text": "x"}] * 56_000}).encode()
+    keyless, keyed = request("/classify", huge_list, key=False), request("/classify", huge_list)
     return [
         ("idle connections", lambda until: hold_connections(port, NOFILE + 6, until)),
         (
@@ -201,6 +203,7 @@ def attacks(port: int, phase_s: float) -> list[tuple[str, Any]]:
         ("slow bodies", lambda until: hold_connections(port, 300, until, slow_body)),
         ("pre-auth flood", lambda until: flood(port, keyless, 8, until)),
         ("pre-auth flood, 256 clients", lambda until: flood(port, keyless, 256, until)),
+        ("keyed list flood", lambda until: flood(port, keyed, 8, until)),
         ("V2 flood", lambda until: flood(port, v2_flood_body(), 8, until)),
         ("huge QA", lambda until: huge_qa(port)),
     ]

@@ -22,7 +22,14 @@ from app.api.error_table import (
     v2_errors,
 )
 from app.api.precount import GZIP_MAGIC, PRECOUNT_BYTES, V2_INFER, precount
-from app.errors import BodyTooLarge, InternalError, Overloaded, Unauthorized, UnsupportedMediaType
+from app.errors import (
+    BodyTooLarge,
+    InternalError,
+    Overloaded,
+    RequestError,
+    Unauthorized,
+    UnsupportedMediaType,
+)
 from app.observe.logs import new_request_id, request_id_var
 from app.observe.metrics import Metrics
 from processing.tasks import TASK_PATHS
@@ -222,28 +229,37 @@ class RequestContextMiddleware:
 class BodyLimitMiddleware:
     """Read the whole body up to `max_bytes` before the app sees it: 413 beyond, without buffering
     more. A large JSON body's lists are then counted before anything parses it (app/api/precount.py),
-    in a worker thread."""
+    in a worker thread; one over the limits is let go and refused after `refusal_delay_s`, as the
+    connection layer's refusals are (REFUSAL_DELAY_MS)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics, max_items: int, max_choices: int):
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        metrics: Metrics,
+        max_items: int,
+        max_choices: int,
+        refusal_delay_s: float = 0.0,
+    ):
         self.app, self.max_bytes, self.metrics = app, max_bytes, metrics
-        self.max_items, self.max_choices = max_items, max_choices
+        self.max_items, self.max_choices, self.refusal_delay_s = max_items, max_choices, refusal_delay_s
 
-    async def _counted(
-        self, scope: Scope, receive: Receive, send: Send, body: bytes, unread: bool = False
-    ) -> bool:
-        """False after refusing a body whose counts are over the limits (its answer sent; with
-        `unread`, the rest of the body is never read and the connection closes after it)."""
-        if len(body) <= PRECOUNT_BYTES:
-            error = precount(scope["path"], body, self.max_items, self.max_choices) if unread else None
-        else:
-            error = await asyncio.to_thread(precount, scope["path"], body, self.max_items, self.max_choices)
-        if error is None:
-            return True
+    async def _count(self, path: str, body: bytes, head: bool) -> RequestError | None:
+        """What refuses `body` (a V2 binary request's JSON `head`, or a whole JSON body) by its
+        counts. A small JSON body is left to pydantic, which refuses it as cheaply."""
+        if len(body) > PRECOUNT_BYTES:
+            return await asyncio.to_thread(precount, path, body, self.max_items, self.max_choices)
+        return precount(path, body, self.max_items, self.max_choices) if head else None
+
+    async def _refuse_counts(
+        self, scope: Scope, receive: Receive, send: Send, error: RequestError, unread: bool
+    ) -> None:
+        """With `unread`, the rest of the body is never read and the connection closes after it."""
+        await asyncio.sleep(self.refusal_delay_s)
         response = domain_error_response(error, str(error), error.field)
         if unread:
             response.headers["connection"] = "close"
         await response(scope, receive, send)
-        return False
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send, size: str) -> None:
         task = TASK_PATHS.get(scope["path"], "none")
@@ -291,7 +307,10 @@ class BodyLimitMiddleware:
             more = message.get("more_body", False)
             if v2_head and total >= v2_head:
                 head, v2_head = b"".join(chunks)[:v2_head], 0
-                if head[:2] != GZIP_MAGIC and not await self._counted(scope, receive, send, head, more):
+                error = None if head[:2] == GZIP_MAGIC else await self._count(scope["path"], head, True)
+                if error is not None:
+                    chunks.clear()  # not held through the delay
+                    await self._refuse_counts(scope, receive, send, error, unread=more)
                     return
             if not more:
                 break
@@ -299,7 +318,10 @@ class BodyLimitMiddleware:
             await self._unsupported(scope, receive, send, "the body is gzip-compressed")
             return
         body = b"".join(chunks)
-        if not binary and not await self._counted(scope, receive, send, body):
+        error = None if binary else await self._count(scope["path"], body, False)
+        if error is not None:
+            chunks, body = [], b""  # not held through the delay
+            await self._refuse_counts(scope, receive, send, error, unread=False)
             return
         replayed = False
 

@@ -41,7 +41,10 @@ async def serving(
     from app.main import create_app
     from app.settings import Settings
 
-    settings = Settings(**{"models_dir": models_dir, "log_level": "WARNING", **overrides})
+    # No refusal delay unless a test asks (test_precount times it): refusals are answered at once.
+    settings = Settings(
+        **{"models_dir": models_dir, "log_level": "WARNING", "refusal_delay_ms": 0, **overrides}
+    )
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

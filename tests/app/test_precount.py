@@ -3,7 +3,9 @@ anything (app/api/precount.py), so an oversized batch costs milliseconds, not a 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 
@@ -71,6 +73,23 @@ async def test_the_service_refuses_a_huge_batch_before_pydantic_parses_it(models
         assert not parsed, "pydantic parsed a body the counts refuse"
         fine = await client.post("/classify", json={"inputs": [{"text": "x" * 600}] * 60})
         assert fine.status_code == 200 and parsed, fine.text  # a large body within the limits is served
+
+
+@pytest.mark.asyncio
+async def test_a_refusal_by_counts_waits_the_delay_and_others_go_on(models_dir):
+    """REFUSAL_DELAY_MS: the 422 comes after the delay, and a small request sent meanwhile is
+    answered first (the delay is a sleep, not a hold on the loop)."""
+    huge = body({"inputs": [{"text": "x"}] * 56_000})
+    async with serving(models_dir, refusal_delay_ms=400) as (_, client):
+        started = time.perf_counter()
+        refusal = asyncio.create_task(
+            client.post("/classify", content=huge, headers={"content-type": "application/json"})
+        )
+        await asyncio.sleep(0.05)  # the refusal is counted and waiting
+        fine = await client.post("/classify", json={"text": "fine"})
+        assert fine.status_code == 200 and not refusal.done()
+        refused = await refusal
+        assert refused.status_code == 422 and time.perf_counter() - started >= 0.4
 
 
 @pytest.mark.asyncio

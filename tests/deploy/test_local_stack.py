@@ -94,7 +94,9 @@ def test_no_request_fails_through_kill_9_and_a_rolling_restart(models_dir, tmp_p
     assert prometheus["requests_counted"] == prometheus["expected_requests"] == results["steady"]["requests"]
     assert prometheus["by_status"] == {"200": results["steady"]["requests"]}
     assert results["prometheus_after_faults"]["all_targets_up"]
-    # Every panel query evaluates; all but those selecting errors and rejections (none here) have data.
+    # Every panel query evaluates; all but those selecting errors, rejections and refusals (none here)
+    # have data.
     for expr, series in results["dashboard_series"].items():
-        may_be_empty = "bert_rejected_total" in expr or 'status!~"2.."' in expr
+        empty_here = ("bert_rejected_total", "bert_connections_refused_total", 'status!~"2.."')
+        may_be_empty = any(name in expr for name in empty_here)
         assert series > 0 or may_be_empty, expr

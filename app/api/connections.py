@@ -47,7 +47,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.api.auth import KeyRule
 from app.api.error_table import is_v2_path, raw_error, status_of
-from app.api.precount import GZIP_MAGIC, PRECOUNT_BYTES, V2_INFER, precount
+from app.api.precount import PRECOUNT_BYTES, V2_INFER, precount
 from app.errors import HeadersTooLarge, RequestTimeout, ServerBusy, ServiceError, Unauthorized
 
 log = logging.getLogger("app.connections")
@@ -250,11 +250,7 @@ class GuardedHttp(HttpToolsProtocol):
                 return
             head, self.held = body[: self.v2_head], b""
             limits = self.g.limits
-            error = (
-                None
-                if head[:2] == GZIP_MAGIC
-                else precount(self.v2_path, head, limits.max_items, limits.max_choices)
-            )
+            error = precount(self.v2_path, head, limits.max_items, limits.max_choices)  # None if not JSON
             if error is not None:
                 self.g.count("v2_shapes")
                 self.refuse(error, v2=True, slowly=True)

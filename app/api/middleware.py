@@ -307,7 +307,7 @@ class BodyLimitMiddleware:
             more = message.get("more_body", False)
             if v2_head and total >= v2_head:
                 head, v2_head = b"".join(chunks)[:v2_head], 0
-                error = None if head[:2] == GZIP_MAGIC else await self._count(scope["path"], head, True)
+                error = await self._count(scope["path"], head, True)  # None if not JSON (gzip: 415 below)
                 if error is not None:
                     chunks.clear()  # not held through the delay
                     await self._refuse_counts(scope, receive, send, error, unread=more)

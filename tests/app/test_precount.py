@@ -13,6 +13,7 @@ from app.api.native_schemas import ClassifyRequest
 from app.api.precount import PRECOUNT_BYTES, precount
 from app.api.v2_schemas import V2InferRequest
 from tests.app.conftest import serving
+from tests.helpers.v2 import bytes_request, zero_length_elements
 
 
 def body(value: object) -> bytes:
@@ -94,11 +95,8 @@ async def test_a_refusal_by_counts_waits_the_delay_and_others_go_on(models_dir):
 
 @pytest.mark.asyncio
 async def test_a_v2_binary_request_is_refused_from_its_json_header_before_its_data_is_read(models_dir):
-    import struct
-
-    raw = struct.pack("<I", 0) * 200_000
-    header = body({"inputs": [{"name": "text", "shape": [200_000], "datatype": "BYTES",
-                               "parameters": {"binary_data_size": len(raw)}}]})  # fmt: skip
+    whole, header_length = bytes_request([200_000], zero_length_elements(200_000))
+    header, raw = whole[:header_length], whole[header_length:]
     sent: list[int] = []
 
     async def chunks():

@@ -5,11 +5,12 @@ shapes that disagree with the data, and binary bodies. No input gets a 5xx."""
 from __future__ import annotations
 
 import json
-import struct
 import time
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.helpers.v2 import bytes_request, zero_length_elements
 
 INFER = "/v2/models/{}/infer"
 
@@ -68,27 +69,10 @@ async def test_ragged_data_gets_400(served):
     assert r.status_code == 400 and "ragged" in r.json()["error"]
 
 
-def binary_request(shape: list[int], elements: int) -> tuple[bytes, int]:
-    raw = struct.pack("<I", 0) * elements  # zero-length BYTES elements
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "text",
-                    "shape": shape,
-                    "datatype": "BYTES",
-                    "parameters": {"binary_data_size": len(raw)},
-                }
-            ]
-        }
-    ).encode()
-    return header + raw, len(header)
-
-
 async def test_a_flood_of_binary_elements_is_refused_from_the_header(served):
     _, client = served
     for shape in ([200_000], [1]):
-        body, header = binary_request(shape, 200_000)
+        body, header = bytes_request(shape, zero_length_elements(200_000))
         started = time.perf_counter()
         r = await client.post(
             INFER.format("classify"),

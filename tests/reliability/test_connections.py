@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.helpers.v2 import bytes_request, zero_length_elements
 from tests.reliability.conftest import API_KEY, AUTH
 from tests.reliability.live import LiveServer, start_server
 
@@ -267,29 +268,18 @@ def test_cors_requests_get_their_401_from_the_app(guarded):
 
 def v2_binary(shape: list[int], data: bytes) -> tuple[bytes, bytes]:
     """A keyed V2 binary request's head and body (its JSON header, then `data`)."""
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "text",
-                    "shape": shape,
-                    "datatype": "BYTES",
-                    "parameters": {"binary_data_size": len(data)},
-                }
-            ]
-        }
-    ).encode()
-    head = post_head("/v2/models/classify/infer", len(header) + len(data)).replace(
+    body, header = bytes_request(shape, data)
+    head = post_head("/v2/models/classify/infer", len(body)).replace(
         b"application/json",
-        b"application/octet-stream\r\nInference-Header-Content-Length: " + str(len(header)).encode(),
+        b"application/octet-stream\r\nInference-Header-Content-Length: " + str(header).encode(),
     )
-    return head, header + data
+    return head, body
 
 
 def test_a_v2_header_over_the_limits_is_refused_before_its_data(guarded):
     below = 'bert_connections_refused_total{reason="v2_shapes"}'
     before = counted(guarded, below)
-    head, body = v2_binary([200_000], struct.pack("<I", 0) * 200_000)
+    head, body = v2_binary([200_000], zero_length_elements(200_000))
     sock = connect(guarded, timeout_s=5)
     sock.sendall(head + body[: body.index(b"}]}") + 3])  # the JSON header only: the data never comes
     answer = read_answer(sock)

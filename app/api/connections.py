@@ -47,7 +47,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.api.auth import KeyRule
 from app.api.error_table import is_v2_path, raw_error, status_of
-from app.api.precount import PRECOUNT_BYTES, V2_INFER, precount
+from app.api.precount import PRECOUNT_BYTES, precount, v2_header_length
 from app.errors import HeadersTooLarge, RequestTimeout, ServerBusy, ServiceError, Unauthorized
 
 log = logging.getLogger("app.connections")
@@ -301,10 +301,11 @@ class GuardedHttp(HttpToolsProtocol):
     def v2_header_bytes(self, path: str) -> int:
         """A V2 binary request's JSON header length, when it is to be checked here (small, and the
         client not waiting for 100-continue, which the app sends); else 0."""
-        if self.expect_100_continue or not V2_INFER.fullmatch(path):
+        if self.expect_100_continue:
             return 0
         value = next((v for k, v in self.headers if k == b"inference-header-content-length"), b"")
-        return int(value) if value.isdigit() and 0 < int(value) <= PRECOUNT_BYTES else 0
+        length = v2_header_length(path, value.decode("latin-1"))
+        return length if length is not None and length <= PRECOUNT_BYTES else 0
 
     # ------------------------------------------------------------------ timers and refusals
     def headers_timed_out(self) -> None:

@@ -21,7 +21,7 @@ from app.api.error_table import (
     is_v2_path,
     v2_errors,
 )
-from app.api.precount import GZIP_MAGIC, PRECOUNT_BYTES, V2_INFER, precount
+from app.api.precount import GZIP_MAGIC, PRECOUNT_BYTES, precount, v2_header_length
 from app.errors import (
     BodyTooLarge,
     InternalError,
@@ -290,9 +290,8 @@ class BodyLimitMiddleware:
             return
         # V2's binary form: its JSON header comes first; its shapes are checked once it is in, and a
         # refused request's binary data is never read.
-        header = headers.get("inference-header-content-length", "")
-        binary = bool(V2_INFER.fullmatch(scope["path"])) and header.isdigit() and 0 < len(header) < 10
-        v2_head = int(header) if binary else 0
+        length = v2_header_length(scope["path"], headers.get("inference-header-content-length", ""))
+        binary, v2_head = length is not None, length or 0
         chunks, total = [], 0
         while True:
             message = await receive()

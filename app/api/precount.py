@@ -24,6 +24,7 @@ from app.errors import RequestError, TooManyInputs
 PRECOUNT_BYTES = 32 << 10
 GZIP_MAGIC = b"\x1f\x8b"  # JSON, and V2's JSON header, never start so
 V2_INFER = re.compile(r"/v2/models/[^/]+(/versions/[^/]+)?/infer")
+V2_HEADER_LENGTH = re.compile(r"[0-9]{1,9}")  # ASCII digits only: str.isdigit() takes "²", int() does not
 ITEM_STARTS = (ord('"'), ord("{"), ord("["))
 
 
@@ -68,6 +69,12 @@ def v2_shapes(body: bytes, max_rows: int, max_row_elements: int) -> RequestError
     except (msgspec.DecodeError, RecursionError):  # nesting too deep: pydantic words it
         return None
     return None
+
+
+def v2_header_length(path: str, value: str) -> int | None:
+    """The JSON header length a V2 binary request declares (`value`, its
+    Inference-Header-Content-Length), or None where `path` is no V2 infer or `value` no plain number."""
+    return int(value) if V2_INFER.fullmatch(path) and V2_HEADER_LENGTH.fullmatch(value) else None
 
 
 def precount(path: str, body: bytes, max_items: int, max_choices: int) -> RequestError | None:

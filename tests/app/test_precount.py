@@ -116,3 +116,16 @@ async def test_a_v2_binary_request_is_refused_from_its_json_header_before_its_da
     assert refused.status_code == 400 and "200000 rows" in refused.json()["error"], refused.text
     assert refused.headers["connection"] == "close"  # the rest of the body is left unread
     assert len(sent) < len(header + raw) // 65536
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("declared", [b"\xb2", b"9" * 5000, b"-1"])
+async def test_a_v2_header_length_that_is_no_plain_number_gets_a_400(models_dir, declared):
+    """ "²" (latin-1 0xb2) passes str.isdigit() and fails int(): the route words it, never a 500."""
+    async with serving(models_dir) as (_, client):
+        r = await client.post(
+            "/v2/models/sst2-tiny/infer",
+            content=body({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}),
+            headers={"content-type": "application/json", "inference-header-content-length": declared},
+        )
+    assert r.status_code == 400 and "byte count" in r.json()["error"], r.text

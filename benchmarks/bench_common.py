@@ -323,21 +323,11 @@ def main_thread_cpu_seconds(pid: int) -> float:
     return sum(t.user_time + t.system_time for t in psutil.Process(pid).threads() if t.id == pid)
 
 
-def process_tree(pid: int) -> list[Any]:
-    """The process and its children (psutil.Process objects)."""
+def tree_rss_mb(pid: int) -> float:
     import psutil
 
     process = psutil.Process(pid)
-    return [process, *process.children(recursive=True)]
-
-
-def tree_rss_mb(pid: int) -> float:
-    return round(sum(p.memory_info().rss for p in process_tree(pid)) / 2**20, 1)
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of the process and its children so far."""
-    return sum(sum(p.cpu_times()[:2]) for p in process_tree(pid))
+    return round(sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20, 1)
 
 
 @contextmanager

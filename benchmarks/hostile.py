@@ -224,13 +224,13 @@ async def run_phases(
     for name, attack in [("baseline", None), *attacks(port, phase_s)]:
         if only and name != "baseline" and name not in only:
             continue
-        before, cpu = common.tree_rss_mb(pid), common.tree_cpu_s(pid)
+        before, cpu = common.tree_rss_mb(pid), tree_cpu_s(pid)
         start = time.time()
         until = start + phase_s
         work = [sample(until)] + ([attack(until)] if attack else [])
         outcome = (await asyncio.gather(*work))[1:]
         end = time.time()
-        cpu = (common.tree_cpu_s(pid) - cpu) / (end - start)
+        cpu = (tree_cpu_s(pid) - cpu) / (end - start)
         await asyncio.sleep(3)  # the attack's connections close; the server settles
         got = {str(k): v for k, v in (outcome[0] if outcome else {}).items()}
         after = common.tree_rss_mb(pid)
@@ -239,6 +239,14 @@ async def run_phases(
              "server_cpu": round(cpu, 3), "attackers_got": got}
         )  # fmt: skip
     return phases, rss
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of the server and its children so far (tree_rss_mb's walk)."""
+    import psutil
+
+    process = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [process, *process.children(recursive=True)])
 
 
 def one_run(

@@ -285,13 +285,21 @@ class BertForSequenceClassification(BertPreTrainedModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config)
+        self.pooling = config.classifier_pooling or "cls"
+        if self.pooling not in ("cls", "mean"):
+            raise ValueError(f"classifier_pooling must be cls or mean, got {self.pooling!r}")
+        self.bert = BertModel(config, add_pooler=self.pooling == "cls")
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        if self.pooling == "mean":
+            mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+            pooled = pool(out.last_hidden_state, mask, "mean")  # (B, T, C) -> (B, C)
+        else:
+            pooled = out.pooler_output
         logits = self.classifier(self.dropout(pooled))
         return HeadOutput(logits=logits, loss=sequence_loss(logits, labels))
 

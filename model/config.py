@@ -42,6 +42,10 @@ class BertConfig:
     problem_type: str | None = None
     # Sentence embeddings (task "embed"): how token states pool into one vector, mean | cls | max.
     pooling: str | None = None
+    # Sequence classification: the tanh pooler over [CLS] ("cls", BERT's; None) or the masked mean of
+    # the token states ("mean", as ModernBERT's key; transformers' BertForSequenceClassification
+    # ignores it). Saved with the model, so export and serving pool as training did.
+    classifier_pooling: str | None = None
     # Keys we do not model explicitly survive a load/save round trip.
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -172,6 +172,7 @@ class Task:
 
 class ClassifyTask(Task):
     name = "classify"
+    soft_labels: dict | None = None  # (text, pair) -> a teacher's logits (train.distill)
 
     def fit_labels(
         self,
@@ -212,14 +213,18 @@ class ClassifyTask(Task):
             encodings = pclassify.encode_for_classify(
                 self.tokenizer, e.text, e.text_pair, o.max_seq_len, o.long_text, o.window_overlap
             )
+            teacher = self.soft_labels[(e.text, e.text_pair)] if train and self.soft_labels else None
             for enc in encodings:
-                items.append({"enc": Packed.of(enc), "label": label, "doc": doc, "length": len(enc)})
+                item = {"enc": Packed.of(enc), "label": label, "doc": doc, "length": len(enc)}
+                items.append(item if teacher is None else {**item, "teacher": teacher})
         return make_feature_set(items, examples)
 
     def collate(self, items):
         batch = self.pad(items)
         dtype = np.float32 if self.regression else np.int64
         batch["labels"] = np.array([item["label"] for item in items], dtype=dtype)
+        if "teacher" in items[0]:  # training with soft labels (train.distill)
+            batch["teacher_logits"] = np.stack([item["teacher"] for item in items])
         return batch
 
     def metrics(self, data: FeatureSet, outputs: list) -> dict[str, float]:

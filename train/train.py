@@ -32,6 +32,7 @@ from model.config import BertConfig
 from processing.tokenizer import TextTokenizer
 from processing.words import WORD_SPLITS, split_words
 
+from .distill import read_soft_labels
 from .examples import DataError
 from .features import DEFAULT_METRIC, TASK_FEATURES, FeatureOptions, Task, check_metric
 from .readers import FORMATS, detect_format
@@ -144,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
         "see processing/words.py)",
     )
 
+    g.add_argument(
+        "--classifier-pooling",
+        choices=["cls", "mean"],
+        help="classify: pool [CLS] through BERT's tanh pooler, or the mean of the token states (saved "
+        "with the model; default: the base's, else cls)",
+    )
+
     g = p.add_argument_group("optimisation")
     g.add_argument(
         "--epochs", type=float, default=3.0, help="passes over the training data (fractions allowed)"
@@ -163,6 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["fp32", "bf16", "fp16"],
         default="fp32",
         help="bf16 autocast (CPU or GPU) or fp16 with loss scaling (GPU only)",
+    )
+    g.add_argument(
+        "--soft-labels",
+        type=Path,
+        help="classify: a teacher's logits for the training texts (python -m train.distill), learned "
+        "beside the labels",
+    )
+    g.add_argument("--distill-weight", type=float, default=0.5, help="the soft labels' share of the loss")
+    g.add_argument(
+        "--token-dropout",
+        type=float,
+        default=0.0,
+        help="training inputs: each real token becomes [MASK] w.p.",
     )
     g.add_argument(
         "--freeze-embeddings",
@@ -269,6 +290,10 @@ def prepare_data(args, task, base_dir: Path, given_labels: list[str] | None):
     if args.task == "ner":
         check_word_split(train_examples, args.word_split)
     task.fit_labels(train_examples, given_labels, base_labels(args.task, base_dir))
+    if args.soft_labels:
+        if args.task != "classify" or task.regression:
+            raise ValueError("--soft-labels are a teacher's class logits: classify only")
+        task.soft_labels = read_soft_labels(args.soft_labels, task.id2label, train_examples)
     train = task.features(train_examples, train=True)
     valid = task.features(valid_examples, train=False) if valid_examples else None
     log.info(
@@ -309,7 +334,11 @@ def base_labels(task_name: str, base_dir: Path) -> list[str] | None:
 
 
 def build_model(
-    task: Task, base_dir: Path, extra: dict | None = None, scratch_config: Path | None = None
+    task: Task,
+    base_dir: Path,
+    extra: dict | None = None,
+    scratch_config: Path | None = None,
+    classifier_pooling: str | None = None,
 ) -> torch.nn.Module:
     """The task head on the base encoder. A base head of another label set is replaced by a new one.
     With `scratch_config`, every weight is random and the base gives only the tokenizer."""
@@ -318,6 +347,8 @@ def build_model(
         overrides["id2label"] = task.id2label
     if task.problem_type is not None:
         overrides["problem_type"] = task.problem_type
+    if classifier_pooling:
+        overrides["classifier_pooling"] = classifier_pooling
     head = TASK_HEADS[task.name]
     if scratch_config is not None:
         model = scratch_model(head, scratch_config, task.tokenizer.vocab_size, overrides)
@@ -396,6 +427,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.metric_for_best:
         check_metric(args.task, args.metric_for_best)
+    if args.token_dropout and args.task == "pretrain":
+        raise ValueError("--token-dropout is input noise for fine-tuning; pretraining masks its own tokens")
+    if args.classifier_pooling and args.task != "classify":
+        raise ValueError("--classifier-pooling is for classify")
     base_dir = resolve_base(args.base)
     tokenizer = TextTokenizer.from_dir(base_dir)
     if tokenizer.vocab_size < 1:
@@ -405,7 +440,7 @@ def main(argv: list[str] | None = None) -> dict:
     train, valid = prepare_data(args, task, base_dir, given)
 
     torch.manual_seed(args.seed)  # head initialisation does not depend on how the data was read
-    model = build_model(task, base_dir, model_extra(args, task), args.scratch_config)
+    model = build_model(task, base_dir, model_extra(args, task), args.scratch_config, args.classifier_pooling)
     if args.task == "pretrain":
         model.masked_only = True  # the MLM head where the loss looks only (model/bert.py)
     metric = args.metric_for_best or DEFAULT_METRIC[args.task]

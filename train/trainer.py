@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .distill import distilled_loss
 from .features import Task
 from .schedules import get_schedule
 from .train_utils import (
@@ -71,6 +72,8 @@ class TrainConfig:
     metric_for_best: str = "accuracy"
     bucket: bool = True
     freeze_embeddings: bool = False
+    distill_weight: float = 0.5  # with soft labels (--soft-labels): the teacher's share of the loss
+    token_dropout: float = 0.0  # each real input token becomes [MASK] with this probability in training
     stop_after_steps: int = 0  # stop (resumably) after this many steps in this run
     max_minutes: float = 0.0  # wall-clock budget of this run: then end as if max_steps were reached
     progress: bool = True
@@ -182,10 +185,16 @@ class Trainer:
         stats: dict[str, float] = {}
         for k, indices in enumerate(group):
             batch = to_device(self.collate(indices, self.train_data), self.device)
+            if self.config.token_dropout:
+                batch["input_ids"] = self.drop_tokens(batch["input_ids"])
             sync = k == len(group) - 1 or self.world == 1
+            teacher = batch.pop("teacher_logits", None)  # soft labels: not a model input
             with nullcontext() if sync else self.wrapped.no_sync(), self.autocast():
                 output = self.wrapped(**batch)
-                loss = output.loss / len(group)
+                loss = output.loss
+                if teacher is not None:
+                    loss = distilled_loss(loss, output.logits, teacher, self.config.distill_weight)
+                loss = loss / len(group)
             self.scaler.scale(loss).backward()
             stats["loss"] = stats.get("loss", 0.0) + float(loss.detach())
             for name, value in self.task.step_stats(output, batch, len(group)).items():
@@ -201,6 +210,15 @@ class Trainer:
         if self.config.trim_memory and self.device.type == "cpu":
             release_freed_memory()
         return stats
+
+    def drop_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input noise against memorising a few telling tokens: each token that is not padding or a
+        special becomes [MASK] with probability token_dropout (drawn from torch's RNG, which resume
+        restores)."""
+        t = self.task.tokenizer
+        fixed = (ids == t.pad_id) | (ids == t.cls_id) | (ids == t.sep_id)
+        drop = (torch.rand(ids.shape, device=ids.device) < self.config.token_dropout) & ~fixed
+        return ids.masked_fill(drop, t.mask_id)
 
     def train(self) -> dict[str, Any]:
         c = self.config

@@ -42,14 +42,11 @@ def majority(train, parts) -> dict:
 
 
 def tfidf_svm(train, parts) -> dict:
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.svm import LinearSVC
+    from .distill import ngram_svm  # the baseline's model, which is also distillation's teacher
 
-    vectorizer = TfidfVectorizer(analyzer="char", ngram_range=(1, 3), sublinear_tf=True)
-    x = vectorizer.fit_transform([t for t, _ in train])
-    model = LinearSVC().fit(x, [y for _, y in train])
+    model = ngram_svm().fit([t for t, _ in train], [y for _, y in train])
     return {
-        name: accuracy(model.predict(vectorizer.transform([t for t, _ in rows])), [y for _, y in rows])
+        name: accuracy(model.predict([t for t, _ in rows]), [y for _, y in rows])
         for name, rows in parts.items()
     }
 

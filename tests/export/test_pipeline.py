@@ -146,6 +146,28 @@ def test_regression_head(tmp_path):
     assert manifest.quantization["accuracy_vs_fp32"]["argmax_agreement"] is None  # no argmax for a score
 
 
+def test_a_mean_pooled_classifier_exports_its_pooling_and_stays_batch_invariant(tmp_path):
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(tiny_config("classify", classifier_pooling="mean")).eval()
+    ckpt = tmp_path / "mean"
+    model.save_pretrained(ckpt)
+    write_tokenizer_files(ckpt)
+    bundle = export_bundle(ckpt, tmp_path / "b", variants=("fp32", "int8-rowwise"))
+    manifest = load_bundle_manifest(bundle)
+    assert manifest.verification["int8-rowwise"]["batch_invariance"]["invariant"]
+    session = ort.InferenceSession(str(bundle / "model.onnx"))
+    ids = np.array([[2, 7, 8, 9, 3, 0, 0]])
+    mask = np.array([[1, 1, 1, 1, 1, 0, 0]])
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    names = {i.name for i in session.get_inputs()}
+    served = session.run(None, {k: v for k, v in feeds.items() if k in names})[0]
+    with torch.no_grad():  # the graph averages the real tokens, as training did
+        expected = model(torch.tensor(ids[:, :5])).logits.numpy()
+    np.testing.assert_allclose(served, expected, atol=1e-5)
+
+
 def test_cli_exports_and_reports_errors(checkpoints, tmp_path, capsys):
     out = tmp_path / "cli"
     assert (

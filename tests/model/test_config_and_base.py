@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from model import checkpoint
+from model.bert import BertForSequenceClassification
 from model.config import BertConfig
+from model.tiny import tiny_config
 
 
 def test_config_keeps_unknown_keys_and_labels(tmp_path):
@@ -72,3 +75,26 @@ def test_hub_failure_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(checkpoint.CheckpointError, match="someone/bert-tiny"):
         checkpoint.resolve_base("someone/bert-tiny")
+
+
+def test_mean_pooled_classifier_reads_the_mean_of_real_tokens_and_saves_the_rule(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(tiny_config("classify", classifier_pooling="mean")).eval()
+    assert model.bert.pooler is None  # no tanh pooler to train or ship
+    ids = torch.tensor([[2, 7, 8, 9, 3]])
+    padded, mask = torch.tensor([[2, 7, 8, 9, 3, 0, 0]]), torch.tensor([[1, 1, 1, 1, 1, 0, 0]])
+    with torch.no_grad():
+        states = model.bert(ids).last_hidden_state
+        expected = model.classifier(states.mean(dim=1))
+        assert torch.allclose(model(ids).logits, expected, atol=1e-6)
+        assert torch.allclose(model(padded, mask).logits, expected, atol=1e-5)  # padding does not count
+    model.save_pretrained(tmp_path)
+    again = BertForSequenceClassification.from_pretrained(tmp_path).eval()
+    assert again.config.classifier_pooling == "mean" and again.bert.pooler is None
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, model(ids).logits)
+
+
+def test_an_unknown_classifier_pooling_is_refused() -> None:
+    with pytest.raises(ValueError, match="classifier_pooling must be cls or mean"):
+        BertForSequenceClassification(tiny_config("classify", classifier_pooling="max"))

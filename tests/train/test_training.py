@@ -380,3 +380,25 @@ def test_time_budget_ends_the_run_like_its_last_step(tmp_path: Path) -> None:
         build("classify", tmp_path / "b", TrainConfig(max_steps=2, progress=False)).train()["stopped_by"]
         == "steps"
     )
+
+
+def test_token_dropout_masks_real_tokens_only(tmp_path: Path) -> None:
+    trainer = build(
+        "classify", tmp_path, TrainConfig(max_steps=1, batch_size=8, token_dropout=1.0, progress=False)
+    )
+    t = trainer.task.tokenizer
+    ids = torch.tensor([[t.cls_id, 7, 8, 9, t.sep_id, t.pad_id, t.pad_id]])
+    assert trainer.drop_tokens(ids).tolist() == [[t.cls_id, *[t.mask_id] * 3, t.sep_id, t.pad_id, t.pad_id]]
+    trainer.config.token_dropout = 0.5
+    torch.manual_seed(0)
+    dropped = trainer.drop_tokens(torch.full((64, 32), 9))
+    assert 0.4 < float((dropped == t.mask_id).float().mean()) < 0.6
+
+
+def test_token_dropout_is_refused_for_pretraining(tmp_path: Path) -> None:
+    args = ["--task", "pretrain", "--train", str(tmp_path / "x.txt"), "--out", str(tmp_path / "o")]
+    (tmp_path / "x.txt").write_text("a b\n\nc d\n")
+    with pytest.raises(ValueError, match="token-dropout"):
+        main(
+            [*args, "--base", str(make_tiny_checkpoint("classify", tmp_path / "b")), "--token-dropout", "0.1"]
+        )

@@ -50,6 +50,8 @@ def out_of_fold_margins(texts: list[str], labels: list[str], folds: int = 5, see
     for fit, held in StratifiedKFold(folds, shuffle=True, random_state=seed).split(texts, y):
         model = ngram_svm().fit([texts[i] for i in fit], y[fit])
         scores = model.decision_function([texts[i] for i in held])
+        if scores.ndim == 1:  # two classes: one margin, for classes_[1]; softmax of (-s/2, s/2) is sigmoid(s)
+            scores = np.stack([-scores, scores], axis=1) / 2
         margins[np.ix_(held, model.classes_)] = scores  # a class absent from a fold keeps 0
     return margins, classes
 

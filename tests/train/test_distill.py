@@ -44,6 +44,19 @@ def test_out_of_fold_soft_labels_know_the_topics_and_read_back_in_the_models_ord
         assert order[int(np.argmax(soft[(text, None)]))] == label  # columns follow the model's labels
 
 
+def test_two_classes_get_two_logits_each(tmp_path: Path) -> None:
+    # A binary SVM gives one margin per text; the soft labels still hold one logit per class.
+    texts, labels = topic_texts()
+    pairs = [(t, y) for t, y in zip(texts, labels, strict=True) if y != "world"]
+    report = distill.write_soft_labels(
+        tmp_path / "soft.json", [t for t, _ in pairs], None, [y for _, y in pairs]
+    )
+    assert report["labels"] == ["cars", "sport"] and report["out_of_fold_accuracy"] == 1.0
+    logits = np.asarray(json.loads((tmp_path / "soft.json").read_text(encoding="utf-8"))["logits"])
+    assert logits.shape == (len(pairs), 2)
+    np.testing.assert_allclose(logits[:, 0], -logits[:, 1], atol=1e-4)
+
+
 def test_soft_labels_for_other_labels_are_refused(tmp_path: Path) -> None:
     texts, labels = topic_texts()
     distill.write_soft_labels(tmp_path / "soft.json", texts, None, labels)

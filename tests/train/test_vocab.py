@@ -27,6 +27,11 @@ MIXED = [
     "iPhone 15发布会在9月12日举行，售价5999元起",
     "  张艺兴 Zhang Yixing  主演《黄金瞳》2019\t年上映 ",
     "Café 在Zürich，价格3.50瑞郎",
+    # The edges of Chinese headlines: full-width Latin and digits, emoji, traditional characters
+    # (unknown to a vocabulary of simplified text; an unknown run is one [UNK] spanning it).
+    "全角ＡＢＣ１２３！？「引号」《书名》——破折号……",
+    "今天天气真好😀🏀，👨‍👩‍👧一家人",
+    "臺灣電影金馬獎頒獎典禮 於臺北舉行",
 ]
 
 

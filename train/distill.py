@@ -2,16 +2,20 @@
 reads them.
 
     python -m train.distill --train FILE --out soft_labels.json    # the n-gram teacher
+    python -m train.distill --train FILE --teacher chars,words --unlabelled news.txt --out soft_labels.json
     python -m train --task classify --train FILE --soft-labels soft_labels.json ...
 
-The teacher here is the baseline every Chinese classifier must clear (train.zh_baseline):
-TF-IDF over character 1-3-grams with a linear SVM. Each training text is scored by a teacher fitted
-on the other folds (out-of-fold), so the student learns how the teacher generalises, not how it
-memorised the text. The SVM's margins become logits through one scale, chosen by the
-out-of-fold log-likelihood: training data only, so validation and test stay unseen.
+The teacher is the baseline every Chinese classifier must clear (train.zh_baseline): TF-IDF over
+character 1-3-grams with a linear SVM; `--teacher chars,words` averages it with an SVM over jieba's
+words. Each training text is scored by teachers fitted on the other folds (out-of-fold), so the
+student learns how the teacher generalises, not how it memorised the text. Each SVM's margins
+become log-probabilities through one scale, chosen by its out-of-fold log-likelihood: training
+data only, so validation and test stay unseen. `--unlabelled` texts (a transfer set) are scored by
+the teachers fitted on all the training texts; the student learns them from those logits alone.
 
-The file is JSON: {"labels": [names, in the logits' column order], "teacher": what it is, "scale":
-the margin scale, "texts": [...], "pairs": [...] or absent, "logits": [[...], ...]}.
+The file is JSON: {"labels": [names, in the logits' column order], "teacher": what it is, "scales":
+{teacher: margin scale}, "texts": [...], "pairs": [...] or absent, "logits": [[...], ...],
+"transfer_texts": [...] and "transfer_logits": [[...], ...] when there is a transfer set}.
 """
 
 from __future__ import annotations

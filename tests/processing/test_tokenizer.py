@@ -135,3 +135,30 @@ def test_default_window_overlap_is_32_at_most_a_quarter_window() -> None:
     assert default_window_overlap(512) == 32
     assert default_window_overlap(66) == 16
     assert default_window_overlap(10) == 2
+
+
+def _trim_reference(offsets: np.ndarray, text: str) -> list[list[int]]:
+    """trim_whitespace's rule, one token at a time in plain Python."""
+    out = []
+    for start, end in offsets.tolist():
+        s, e = start, end
+        while s < e and text[s].isspace():
+            s += 1
+        while e > s and text[e - 1].isspace():
+            e -= 1
+        if s == e:  # whitespace only: empty where the next solid character is
+            s = next((i for i in range(start, len(text)) if not text[i].isspace()), len(text))
+            s = e = min(s, end)
+        out.append([s, e])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_trim_whitespace_matches_the_rule_with_and_without_whitespace(seed: int) -> None:
+    from processing.tokenizer import trim_whitespace
+
+    rng = np.random.default_rng(seed)
+    alphabet = list("ab中文，") + [" ", "\t", "\u3000", "\u00a0", "\n"] * (seed % 2)  # odd seeds hold spaces
+    text = "".join(rng.choice(alphabet, size=int(rng.integers(1, 30))))
+    cuts = np.sort(rng.integers(0, len(text) + 1, size=(8, 2)), axis=1)
+    assert trim_whitespace(cuts.astype(np.int64), text).tolist() == _trim_reference(cuts, text)

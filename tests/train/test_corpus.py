@@ -100,7 +100,7 @@ def test_news_transfer_set_keeps_headline_length_chinese_and_no_toutiao_headline
 ) -> None:
     data = fake_data(tmp_path / "data")
     toutiao = HEADLINES[7].split("_!_")[0]
-    titles = ["周六晚到卖场听夜场摇滚", toutiao, "短标题", None]
+    titles = ["周六晚到卖场，听夜场摇滚", toutiao, "短标题", None]
     texts = [
         "第一句新闻写得很清楚。English words only in this long sentence here!\\n第二句也是中文的新闻句子？",
         "",
@@ -112,8 +112,15 @@ def test_news_transfer_set_keeps_headline_length_chinese_and_no_toutiao_headline
     lines = (tmp_path / "out" / "news.txt").read_text(encoding="utf-8").splitlines()
     # Each split repeats the same texts: once each; the Toutiao headline, the short and the
     # English ones are out; a literal "\n" in the texts cuts sentences as a newline does.
-    assert lines == ["周六晚到卖场听夜场摇滚", "第一句新闻写得很清楚。", "第二句也是中文的新闻句子？"]
+    assert lines == ["周六晚到卖场，听夜场摇滚", "第一句新闻写得很清楚。", "第二句也是中文的新闻句子？"]
     assert stats["news_sentences"] == 3
+    # For pretraining, each sentence is a document of its clauses.
+    documents = read_documents(tmp_path / "out" / "news-docs.txt")
+    assert documents == [
+        ["周六晚到卖场，", "听夜场摇滚"],
+        ["第一句新闻写得很清楚。"],
+        ["第二句也是中文的新闻句子？"],
+    ]
 
 
 def test_news_files_run_no_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

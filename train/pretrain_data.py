@@ -107,6 +107,8 @@ class PretrainDataset(torch.utils.data.Dataset):
         self.documents = self._tokenize(read_documents(self.path))
         special = {tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id, tokenizer.unk_id}
         self.special_ids = np.array(sorted(special), dtype=np.int64)
+        self.is_special = np.zeros(max(tokenizer.vocab_size, int(self.special_ids.max()) + 1), dtype=bool)
+        self.is_special[self.special_ids] = True  # a lookup: np.isin sorts on every call
         # Random replacements are drawn from ordinary tokens only.
         self.replacement_ids = np.setdiff1d(np.arange(tokenizer.vocab_size, dtype=np.int64), self.special_ids)
         self.pairs = self._build_pairs(random.Random(seed))
@@ -251,7 +253,7 @@ class PretrainDataset(torch.utils.data.Dataset):
     def mask_tokens(self, input_ids: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """BERT masking: pick mlm_probability of the ordinary tokens; of those 80% become [MASK],
         10% a random token and 10% stay, and all of them are predicted."""
-        candidates = np.flatnonzero(~np.isin(input_ids, self.special_ids))
+        candidates = np.flatnonzero(~self.is_special[input_ids])
         # Stochastic rounding keeps the expected fraction exact even for short inputs; at least
         # one prediction per example so the MLM loss is never empty.
         expected = self.mlm_probability * len(candidates)

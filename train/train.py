@@ -226,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--num-threads", type=int, help="torch CPU threads")
     g.add_argument(
+        "--loader-workers",
+        type=int,
+        default=0,
+        help="processes that collate the coming steps' batches (pretraining's masking on a GPU); the "
+        "same batches as without",
+    )
+    g.add_argument(
         "--no-trim-memory",
         dest="trim_memory",
         action="store_false",

@@ -78,6 +78,7 @@ class TrainConfig:
     max_minutes: float = 0.0  # wall-clock budget of this run: then end as if max_steps were reached
     progress: bool = True
     trim_memory: bool = True  # CPU: malloc_trim after every step (train_utils.release_freed_memory)
+    loader_workers: int = 0  # processes that collate the coming steps' batches (0: in the loop)
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -180,14 +181,32 @@ class Trainer:
     def collate(self, indices: np.ndarray, data) -> dict[str, Any]:
         return self.task.collate([data[int(i)] for i in indices])
 
-    def train_step(self, group: list[np.ndarray]) -> dict[str, float]:
+    def collated_steps(self, groups: list[list[np.ndarray]]):
+        """The micro-batches of each step from step_in_epoch on, collated in the loop or, with
+        loader_workers, ahead in worker processes. Either way the same batches: a feature depends on
+        (seed, epoch, index) alone, and the workers copy the dataset after set_epoch."""
+        steps = _CollatedSteps(self.task, self.train_data, groups[self.step_in_epoch :])
+        if not self.config.loader_workers:
+            return (steps[k] for k in range(len(steps)))
+        return iter(
+            torch.utils.data.DataLoader(
+                steps,
+                batch_size=None,  # an item is already one step's micro-batches
+                num_workers=self.config.loader_workers,
+                prefetch_factor=4,
+                pin_memory=self.device.type == "cuda",
+                generator=torch.Generator(),  # the workers' seeds: not drawn from dropout's generator
+            )
+        )
+
+    def train_step(self, micro_batches: list[dict[str, Any]]) -> dict[str, float]:
         self.wrapped.train()
         stats: dict[str, float] = {}
-        for k, indices in enumerate(group):
-            batch = to_device(self.collate(indices, self.train_data), self.device)
+        for k, host in enumerate(micro_batches):
+            batch = to_device(host, self.device)
             if self.config.token_dropout:
                 batch["input_ids"] = self.drop_tokens(batch["input_ids"])
-            sync = k == len(group) - 1 or self.world == 1
+            sync = k == len(micro_batches) - 1 or self.world == 1
             teacher = batch.pop("teacher_logits", None)  # soft labels: not a model input
             labels = batch.pop("labels") if teacher is not None else None  # may hold IGNORE
             with nullcontext() if sync else self.wrapped.no_sync(), self.autocast():
@@ -196,10 +215,10 @@ class Trainer:
                     loss = output.loss
                 else:  # the labels were kept out of the model: it computes no loss of its own
                     loss = distilled_loss(output.logits, labels, teacher, self.config.distill_weight)
-                loss = loss / len(group)
+                loss = loss / len(micro_batches)
             self.scaler.scale(loss).backward()
             stats["loss"] = stats.get("loss", 0.0) + float(loss.detach())
-            for name, value in self.task.step_stats(output, batch, len(group)).items():
+            for name, value in self.task.step_stats(output, batch, len(micro_batches)).items():
                 stats[name] = stats.get(name, 0.0) + value
         if self.config.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
@@ -237,8 +256,9 @@ class Trainer:
                 if hasattr(self.train_data, "set_epoch"):
                     self.train_data.set_epoch(self.epoch)
                 groups = self.batches_for_epoch(self.epoch)
+                steps = self.collated_steps(groups)
                 while self.step_in_epoch < len(groups) and self.step < self.total_steps:
-                    stats = self.train_step(groups[self.step_in_epoch])
+                    stats = self.train_step(next(steps))
                     self.step += 1
                     self.step_in_epoch += 1
                     losses.append(stats["loss"])
@@ -466,3 +486,16 @@ class Trainer:
             "world_size": self.world,
             "command": self.command,
         }
+
+
+class _CollatedSteps(torch.utils.data.Dataset):
+    """Step k's micro-batches, collated: what a DataLoader's workers build ahead of the loop."""
+
+    def __init__(self, task: Task, data, groups: list[list[np.ndarray]]):
+        self.task, self.data, self.groups = task, data, groups
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def __getitem__(self, k: int) -> list[dict[str, Any]]:
+        return [self.task.collate([self.data[int(i)] for i in indices]) for indices in self.groups[k]]

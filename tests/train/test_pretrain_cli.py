@@ -88,3 +88,19 @@ def test_resumed_pretraining_continues_the_same_curve(corpus, tmp_path: Path) ->
     assert len(list((tmp_path / "resumed" / "runs").iterdir())) == 2, "one events file per run"
     for tag in train_tags:  # --log-every 1: every step logged
         assert sorted(scalars(tmp_path / "straight" / "runs", tag)) == [1, 2, 3, 4, 5, 6], tag
+
+
+def test_loader_workers_collate_the_same_batches(corpus, tmp_path: Path) -> None:
+    """Masks drawn in worker processes, also after a resume mid-epoch, train the same weights."""
+    straight = pretrain(corpus, tmp_path / "straight")
+    first = pretrain(corpus, tmp_path / "workers", "--loader-workers", "2", "--stop-after-steps", "3")
+    assert first["steps"] == 3
+    second = pretrain(corpus, tmp_path / "workers", "--loader-workers", "2", "--resume")
+    assert second["finished"] and second["validation"] == straight["validation"]
+    a = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    b = load_file(str(tmp_path / "workers" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    for tag in ("train/loss", "train/mlm_accuracy"):
+        assert scalars(tmp_path / "workers" / "runs", tag) == scalars(tmp_path / "straight" / "runs", tag), (
+            tag
+        )

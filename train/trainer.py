@@ -178,9 +178,6 @@ class Trainer:
         mine = batches[self.rank :: self.world][:per_rank]
         return [mine[i : i + c.grad_accum] for i in range(0, len(mine), c.grad_accum)]
 
-    def collate(self, indices: np.ndarray, data) -> dict[str, Any]:
-        return self.task.collate([data[int(i)] for i in indices])
-
     def collated_steps(self, groups: list[list[np.ndarray]]):
         """The micro-batches of each step from step_in_epoch on, collated in the loop or, with
         loader_workers, ahead in worker processes. Either way the same batches: a feature depends on
@@ -369,7 +366,7 @@ class Trainer:
         size = self.config.eval_batch_size
         for start in range(0, len(order), size):
             indices = order[start : start + size]
-            host = self.collate(indices, data)
+            host = collate_rows(self.task, data, indices)
             with self.autocast():
                 output = self.model(**to_device(host, self.device))
             if output.loss is not None:
@@ -498,4 +495,9 @@ class _CollatedSteps(torch.utils.data.Dataset):
         return len(self.groups)
 
     def __getitem__(self, k: int) -> list[dict[str, Any]]:
-        return [self.task.collate([self.data[int(i)] for i in indices]) for indices in self.groups[k]]
+        return [collate_rows(self.task, self.data, indices) for indices in self.groups[k]]
+
+
+def collate_rows(task: Task, data, indices: np.ndarray) -> dict[str, Any]:
+    """The batch of features `indices` of `data`, as the task pads them."""
+    return task.collate([data[int(i)] for i in indices])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from processing.tokenizer import default_window_overlap, truncate_pair, window_spans
+from processing.tokenizer import default_window_overlap, trim_whitespace, truncate_pair, window_spans
 
 from .conftest import pieces
 
@@ -155,8 +155,6 @@ def _trim_reference(offsets: np.ndarray, text: str) -> list[list[int]]:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_trim_whitespace_matches_the_rule_with_and_without_whitespace(seed: int) -> None:
-    from processing.tokenizer import trim_whitespace
-
     rng = np.random.default_rng(seed)
     alphabet = list("ab中文，") + [" ", "\t", "\u3000", "\u00a0", "\n"] * (seed % 2)  # odd seeds hold spaces
     text = "".join(rng.choice(alphabet, size=int(rng.integers(1, 30))))

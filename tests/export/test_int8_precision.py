@@ -225,7 +225,7 @@ def test_the_avx2_variant_is_served_without_the_widening_kernel(monkeypatch):
         np.testing.assert_array_equal(served.run(None, {"codes": rows})[0], exact_product(rows, weights))
 
 
-QEMU_SCRIPT = """
+AVX2_SCRIPT = """
 import numpy as np
 import onnxruntime as ort
 from tests.export.test_int8_precision import budget_weights, exact_product, matmul_model, worst_codes
@@ -238,6 +238,19 @@ for name, k in (("8bit", 65), ("budget", 65), ("budget", 385)):
         error = np.abs(session.run(None, {"codes": rows})[0] - exact_product(rows, weights)).max()
         print(name, k, len(rows), int(error))
 """
+
+
+def assert_the_avx2_kernel(result) -> None:
+    """AVX2_SCRIPT's output: 8-bit weights wrong (so the saturating AVX2 path ran), the pair budget exact."""
+    assert result.returncode == 0, result.stderr[-2000:]
+    errors = {
+        tuple(line.split()[:3]): int(line.split()[3]) for line in result.stdout.splitlines() if line.strip()
+    }
+    assert len(errors) == 6, result.stdout
+    assert errors[("8bit", "65", "1")] > 0 and errors[("8bit", "65", "64")] > 0, (
+        "not the saturating AVX2 path"
+    )
+    assert all(error == 0 for (name, *_), error in errors.items() if name == "budget"), errors
 
 
 def test_the_real_avx2_kernel_under_emulation():
@@ -258,18 +271,10 @@ def test_the_real_avx2_kernel_under_emulation():
         pytest.skip("qemu-x86_64 (apt-get install qemu-user) is needed to emulate an AVX2-only CPU")
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
-        [qemu, "-cpu", "Haswell", sys.executable, "-c", QEMU_SCRIPT],
+        [qemu, "-cpu", "Haswell", sys.executable, "-c", AVX2_SCRIPT],
         cwd=root,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
-    errors = {
-        tuple(line.split()[:3]): int(line.split()[3]) for line in result.stdout.splitlines() if line.strip()
-    }
-    assert len(errors) == 6, result.stdout
-    assert errors[("8bit", "65", "1")] > 0 and errors[("8bit", "65", "64")] > 0, (
-        "not the saturating AVX2 path"
-    )
-    assert all(error == 0 for (name, *_), error in errors.items() if name == "budget"), errors
+    assert_the_avx2_kernel(result)

@@ -19,11 +19,11 @@ from benchmarks.loadgen_payloads import PEER_MODEL
 PEERS_DIR = ROOT / ".cache" / "peers"
 TORCH = "torch==2.13.0"
 INFINITY_EXTRAS = "server,torch,optimum"
-INFINITY_PINS = ["optimum[onnxruntime]==1.27.0", "transformers==4.48.3", "click<8.2"]
+INFINITY_PINS = ["optimum[onnxruntime]==1.27.0", "transformers==4.48.3", "click<8.2", "pyarrow<22"]
 # name -> (needs torch, its packages). Infinity as the issue measured it; the rest current.
 ENVS: dict[str, tuple[bool, list[str]]] = {
     # infinity 0.0.77 imports optimum.bettertransformer: gone in optimum 2, refused by transformers
-    # >= 4.49; its typer 0.12 fails on click >= 8.2.
+    # >= 4.49; its typer 0.12 fails on click >= 8.2; pyarrow >= 22 needs NumPy 2, which it refuses.
     "infinity": (True, [f"infinity-emb[{INFINITY_EXTRAS}]==0.0.77", *INFINITY_PINS]),
     "optimum": (True, ["optimum[onnxruntime]", "fastapi", "uvicorn[standard]"]),
     "mlserver": (True, ["mlserver", "mlserver-huggingface"]),

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import bench_common as common
-from benchmarks.avx2_only import MASKED_NOTE
+from benchmarks.cpu_mask import MASKED_MARK
 from export.int8_precision import cpu_flags
 from export.verify import make_session
 
@@ -239,9 +239,9 @@ def markdown(report: dict[str, Any]) -> str:
         for t in report["targets"]
     ]
     binding = (
-        "This CPU's CPUID was masked to AVX2-only (`benchmarks.avx2_only`): onnxruntime ran its AVX2 "
-        "kernels natively, on another CPU's cores and caches. Not an AVX2-only host's rows."
-        if MASKED_NOTE in report["machine"].get("cpu", "")
+        "This CPU's CPUID was masked (`benchmarks.cpu_mask`, the model name says to what): onnxruntime "
+        "ran that CPU's kernels natively, on another CPU's cores and caches. Not an AVX2-only host's rows."
+        if MASKED_MARK in report["machine"].get("cpu", "")
         else "This CPU is of the AVX2-only class: these rows are the issue's AVX2 rows."
         if cls["avx2_class"]
         else "This CPU has 32-bit INT8 dot products, **not** the AVX2-only class: these rows are this CPU's, "

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import cpu_int8
+from benchmarks.cpu_mask import masked_note
 from export.invariance import batch_invariance
 from export.verify import run_session, verification_cases
 
@@ -88,7 +89,7 @@ def test_report_renders(tmp_path):
     assert "| int8-rowwise | 1 | (1, 128) | 10.00 | 11.00 | 1.100× |" in text
     assert "| Abs | 0 | 1 |" in text
     assert "these rows are the issue's AVX2 rows" in text and "CPU flags (lscpu): avx2 fma" in text
-    report["machine"]["cpu"] = "Some Xeon" + cpu_int8.MASKED_NOTE  # benchmarks.avx2_only's masked CPU
+    report["machine"]["cpu"] = "Some Xeon" + masked_note("avx2")  # benchmarks.cpu_mask's masked CPU
     text = cpu_int8.markdown(report)
     assert "Not an AVX2-only host's rows" in text and "the issue's AVX2 rows" not in text
     cpu_int8.plot(report, tmp_path / "p.png")

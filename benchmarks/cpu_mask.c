@@ -1,14 +1,16 @@
-// LD_PRELOAD library: this process and its children see an AVX2-only x86 CPU through CPUID (no
-// AVX-512, VNNI or AMX), so libraries that dispatch by CPUID (onnxruntime's MLAS, numpy) run their
-// AVX2 kernels natively. It asks the kernel to fault on CPUID (arch_prctl ARCH_SET_CPUID, where the
-// CPU can: the `cpuid_fault` flag), answers each fault with the real CPUID minus those bits, and
-// exits with status 97 where faulting is unavailable, rather than run unmasked. Used by
-// benchmarks/avx2_only.py; never by the service.
+// LD_PRELOAD library: this process and its children see, through CPUID, an AVX2-only x86 CPU (no
+// AVX-512, VNNI or AMX), or with CPUID_MASK=avx512 an AVX-512 one without VNNI or AMX (Skylake-SP),
+// so libraries that dispatch by CPUID (onnxruntime's MLAS, numpy) run those kernels natively. It
+// asks the kernel to fault on CPUID (arch_prctl ARCH_SET_CPUID, where the CPU can: the `cpuid_fault`
+// flag), answers each fault with the real CPUID minus those bits, and exits with status 97 where
+// faulting is unavailable, rather than run unmasked. Used by benchmarks/cpu_mask.py; never by the
+// service.
 #define _GNU_SOURCE
 #include <asm/prctl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <ucontext.h>
@@ -17,6 +19,8 @@
 #define BIT(n) (1u << (n))
 
 static struct sigaction previous;
+// CPUID_MASK=avx512: keep AVX-512 F/DQ/CD/BW/VL (a Skylake-SP: AVX-512 without VNNI); else AVX2-only.
+static int keep_avx512;
 
 static long cpuid_enabled(int enabled) { return syscall(SYS_arch_prctl, ARCH_SET_CPUID, enabled); }
 
@@ -25,8 +29,9 @@ static void masked_cpuid(uint32_t leaf, uint32_t subleaf, uint32_t r[4]) {
     __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(subleaf));
     cpuid_enabled(0);
     if (leaf == 7 && subleaf == 0) {
-        // EBX: AVX512 F, DQ, IFMA, PF, ER, CD, BW, VL
-        r[1] &= ~(BIT(16) | BIT(17) | BIT(21) | BIT(26) | BIT(27) | BIT(28) | BIT(30) | BIT(31));
+        // EBX: AVX512 IFMA, PF, ER; and F, DQ, CD, BW, VL unless the profile keeps them
+        r[1] &= ~(BIT(21) | BIT(26) | BIT(27));
+        if (!keep_avx512) r[1] &= ~(BIT(16) | BIT(17) | BIT(28) | BIT(30) | BIT(31));
         // ECX: AVX512 VBMI, VBMI2, VNNI, BITALG, VPOPCNTDQ
         r[2] &= ~(BIT(1) | BIT(6) | BIT(11) | BIT(12) | BIT(14));
         // EDX: AVX512 4VNNIW, 4FMAPS, VP2INTERSECT, AMX-BF16, AVX512-FP16, AMX-TILE, AMX-INT8
@@ -58,8 +63,10 @@ __attribute__((constructor)) static void install(void) {
     action.sa_sigaction = on_segv;
     action.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigaction(SIGSEGV, &action, &previous);
+    const char *profile = getenv("CPUID_MASK");
+    keep_avx512 = profile != NULL && strcmp(profile, "avx512") == 0;
     if (cpuid_enabled(0) != 0) {  // inherited by threads and forks; execve resets it, LD_PRELOAD renews it
-        fprintf(stderr, "avx2_only: this CPU or kernel cannot fault on CPUID (no cpuid_fault)\n");
+        fprintf(stderr, "cpu_mask: this CPU or kernel cannot fault on CPUID (no cpuid_fault)\n");
         _exit(97);
     }
 }

@@ -73,7 +73,13 @@ def library(cache: Path = ROOT / ".cache" / "cpu_mask") -> Path:
             raise SystemExit("cpu_mask: needs a C compiler (apt-get install gcc)")
         cache.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SOURCE)], check=True)
+        built = subprocess.run(
+            [compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SOURCE)],
+            capture_output=True,
+            text=True,
+        )
+        if built.returncode:
+            raise SystemExit(f"cpu_mask: could not compile {SOURCE.name}:\n{built.stderr[-1000:]}")
         partial.replace(target)
     return target
 

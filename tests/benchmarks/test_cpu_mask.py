@@ -68,6 +68,10 @@ def require_the_mask() -> None:
         pytest.skip("CPUID masking is x86-only")
     if not (shutil.which("gcc") or shutil.which("cc")) or not shutil.which("unshare"):
         pytest.skip("benchmarks.cpu_mask needs a C compiler and unshare")
+    try:
+        cpu_mask.library()
+    except SystemExit as error:  # a compiler without libc's headers, say
+        pytest.skip(str(error))
 
 
 @pytest.mark.parametrize("cpu", ["avx2", "avx512"])
@@ -143,3 +147,14 @@ def test_the_default_bundles_avx2_variant_is_exact_on_the_fast_kernels():
     assert len(worst) == 12, result.stdout
     assert all(worst[(name, "int8-rowwise-avx2")] == 0.0 for name in names), worst
     assert all(worst[(name, "int8-rowwise")] > 0.0 for name in names), worst
+
+
+def test_a_library_that_does_not_compile_is_refused_with_the_compilers_words(tmp_path, monkeypatch):
+    if not (shutil.which("gcc") or shutil.which("cc")):
+        pytest.skip("no C compiler")
+    broken = tmp_path / "broken.c"
+    broken.write_text("this is not C;\n")
+    monkeypatch.setattr(cpu_mask, "SOURCE", broken)
+    with pytest.raises(SystemExit, match="could not compile broken.c") as raised:
+        cpu_mask.library(tmp_path / "cache")
+    assert "error" in str(raised.value) and not list((tmp_path / "cache").glob("*.so"))

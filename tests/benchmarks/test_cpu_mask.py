@@ -97,7 +97,7 @@ DEFAULTS_SCRIPT = """
 import numpy as np
 import onnxruntime as ort
 from export.bundle import load_bundle_manifest
-from export.int8_precision import X64_QUANT_PRECISION
+from export.int8_precision import exact_int8
 from export.verify import run_session, verification_cases
 
 for name in {names!r}:
@@ -108,8 +108,7 @@ for name in {names!r}:
         for widening in (False, True):  # the fast kernel; the exact widening one
             options = ort.SessionOptions()
             options.intra_op_num_threads = 1
-            if widening:
-                options.add_session_config_entry(X64_QUANT_PRECISION, "1")
+            exact_int8(options, needed=widening)
             disabled = list(spec.disabled_optimizers or [])
             sessions.append(ort.InferenceSession(
                 f"{{bundle}}/{{spec.file}}", options, providers=["CPUExecutionProvider"],
@@ -128,10 +127,9 @@ def test_the_default_bundles_avx2_variant_is_exact_on_the_fast_kernels():
     """All six defaults, on the real kernels without VNNI (CPUID masked): `int8-rowwise-avx2` on the
     fast kernel answers bit for bit as on the exact widening one, while 8-bit `int8-rowwise` there
     moves (so the comparison can fail). Skipped before `make serve` builds the bundles."""
-    from tests.export.test_invariance import DEFAULT_BUNDLES
+    from tests.export.test_invariance import DEFAULT_BUNDLES, DEFAULT_NAMES
 
-    names = ["sst2-minilm", "conll03-minilm", "codah-minilm", "squad-minilm", "all-minilm-l6-v2"]
-    names.append("rerank-minilm")
+    names = list(DEFAULT_NAMES)
     if not all((DEFAULT_BUNDLES / name / "bundle.json").is_file() for name in names):
         pytest.skip("the default bundles are not built (make serve)")
     require_the_mask()

@@ -226,14 +226,20 @@ def test_export_fails_when_the_invariant_variant_is_not(checkpoints, tmp_path, m
 
 
 DEFAULT_BUNDLES = Path(__file__).resolve().parents[2] / ".cache" / "bundles"
+# The six bundles `make serve` builds there.
+DEFAULT_NAMES = (
+    "sst2-minilm",
+    "conll03-minilm",
+    "codah-minilm",
+    "squad-minilm",
+    "all-minilm-l6-v2",
+    "rerank-minilm",
+)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ROWWISE)
-@pytest.mark.parametrize(
-    "name",
-    ["sst2-minilm", "conll03-minilm", "codah-minilm", "squad-minilm", "all-minilm-l6-v2", "rerank-minilm"],
-)
+@pytest.mark.parametrize("name", DEFAULT_NAMES)
 def test_the_real_default_bundles_are_batch_invariant(name, variant):
     """The six defaults as `make serve` builds them (skipped before they are built)."""
     bundle = DEFAULT_BUNDLES / name

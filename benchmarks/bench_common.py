@@ -236,7 +236,12 @@ def now() -> str:
 def command(module: str, argv: Sequence[str] | None = None) -> str:
     """The command that made a result: `python -m benchmarks.<module>` and its arguments."""
     args = sys.argv[1:] if argv is None else argv
-    return repo_relative(shlex.join(["python", "-m", f"benchmarks.{module}", *args]))
+    line = ["python", "-m", f"benchmarks.{module}", *args]
+    mask = os.environ.get("CPUID_MASK")  # set by benchmarks.cpu_mask: the command ran under it
+    if mask:
+        profile = ["--cpu", mask] if mask != "avx2" else []
+        line = ["python", "-m", "benchmarks.cpu_mask", *profile, "--", *line]
+    return repo_relative(shlex.join(line))
 
 
 def repo_relative(text: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import cpu_mask
+from benchmarks import bench_common, cpu_mask
 from export.int8_precision import cpu_flags, cpu_int8_variant, needs_exact_int8
 from tests.export.test_int8_precision import AVX2_SCRIPT, assert_the_avx2_kernel
 
@@ -48,6 +48,23 @@ def test_the_masked_cpuinfo_lacks_vnni_and_says_it_is_masked(cpu, kept, name):
     assert not needs_exact_int8("x86_64", original) and needs_exact_int8("x86_64", first)
     assert cpu_int8_variant("x86_64", first)[0] == "int8-rowwise-avx2"
     assert cpu_int8_variant("x86_64", original)[0] == "int8-rowwise"
+
+
+@pytest.mark.parametrize(
+    "mask, prefix",
+    [
+        (None, ""),
+        ("avx2", "python -m benchmarks.cpu_mask -- "),
+        ("avx512", "python -m benchmarks.cpu_mask --cpu avx512 -- "),
+    ],
+)
+def test_a_results_file_records_the_mask_its_command_ran_under(monkeypatch, mask, prefix):
+    if mask is None:
+        monkeypatch.delenv("CPUID_MASK", raising=False)
+    else:
+        monkeypatch.setenv("CPUID_MASK", mask)
+    line = bench_common.command("cpu_int8", ["--name", "x"])
+    assert line == prefix + "python -m benchmarks.cpu_int8 --name x"
 
 
 def test_the_command_runs_in_its_own_mount_namespace_with_the_library_preloaded(tmp_path):

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -235,13 +235,10 @@ def now() -> str:
 
 def command(module: str, argv: Sequence[str] | None = None) -> str:
     """The command that made a result: `python -m benchmarks.<module>` and its arguments."""
+    from benchmarks import cpu_mask  # run under it, the line names it
+
     args = sys.argv[1:] if argv is None else argv
-    line = ["python", "-m", f"benchmarks.{module}", *args]
-    mask = os.environ.get("CPUID_MASK")  # set by benchmarks.cpu_mask: the command ran under it
-    if mask:
-        profile = ["--cpu", mask] if mask != "avx2" else []
-        line = ["python", "-m", "benchmarks.cpu_mask", *profile, "--", *line]
-    return repo_relative(shlex.join(line))
+    return repo_relative(shlex.join([*cpu_mask.wrapper(), "python", "-m", f"benchmarks.{module}", *args]))
 
 
 def repo_relative(text: str) -> str:
@@ -311,11 +308,9 @@ def tree_cpu_seconds(pid: int) -> float:
     process = psutil.Process(pid)
     total = 0.0
     for p in [process, *process.children(recursive=True)]:
-        try:
+        with suppress(psutil.NoSuchProcess):  # exited since the list was taken
             times = p.cpu_times()
             total += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
     return total
 
 

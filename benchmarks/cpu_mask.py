@@ -43,6 +43,14 @@ def masked_note(cpu: str) -> str:
     return f" {MASKED_MARK}{PROFILES[cpu]} by benchmarks.cpu_mask)"
 
 
+def wrapper() -> list[str]:
+    """How this process was started under the mask (`run` sets CPUID_MASK), for results' command lines."""
+    cpu = os.environ.get("CPUID_MASK")
+    if not cpu:
+        return []
+    return ["python", "-m", "benchmarks.cpu_mask", *(["--cpu", cpu] if cpu != "avx2" else []), "--"]
+
+
 def masked(flag: str, cpu: str = "avx2") -> bool:
     """Whether the masked CPU lacks `flag` (Linux's name): VNNI, AMX, and AVX-512 beyond the profile."""
     if cpu == "avx512" and flag in SKYLAKE_AVX512:

@@ -91,6 +91,19 @@ def require_the_mask() -> None:
         pytest.skip(str(error))
 
 
+def run_masked(script: str, cpu: str, timeout: int):
+    """`python -c script` from the repository root under the mask; skips where it cannot be masked."""
+    root = Path(__file__).resolve().parents[2]
+    result = cpu_mask.run(
+        [sys.executable, "-c", script], cpu, cwd=root, capture_output=True, text=True, timeout=timeout
+    )
+    if result.returncode == cpu_mask.NO_CPUID_FAULT:
+        pytest.skip("this CPU or kernel cannot fault on CPUID")
+    if "unshare failed" in result.stderr:
+        pytest.skip(f"no mount namespace here: {result.stderr.strip()[-200:]}")
+    return result
+
+
 @pytest.mark.parametrize("cpu", ["avx2", "avx512"])
 def test_the_real_kernels_without_vnni_natively_under_a_cpuid_mask(cpu):
     """The same worst cases as the qemu test, on this CPU's own cores with CPUID masked: 8-bit weights
@@ -99,15 +112,7 @@ def test_the_real_kernels_without_vnni_natively_under_a_cpuid_mask(cpu):
     require_the_mask()
     if cpu == "avx512" and "avx512bw" not in cpu_flags():
         pytest.skip("this CPU has no AVX-512 to keep")
-    root = Path(__file__).resolve().parents[2]
-    result = cpu_mask.run(
-        [sys.executable, "-c", AVX2_SCRIPT], cpu, cwd=root, capture_output=True, text=True, timeout=300
-    )
-    if result.returncode == cpu_mask.NO_CPUID_FAULT:
-        pytest.skip("this CPU or kernel cannot fault on CPUID")
-    if "unshare failed" in result.stderr:
-        pytest.skip(f"no mount namespace here: {result.stderr.strip()[-200:]}")
-    assert_the_avx2_kernel(result)
+    assert_the_avx2_kernel(run_masked(AVX2_SCRIPT, cpu, timeout=300))
 
 
 DEFAULTS_SCRIPT = """
@@ -151,12 +156,7 @@ def test_the_default_bundles_avx2_variant_is_exact_on_the_fast_kernels():
         pytest.skip("the default bundles are not built (make serve)")
     require_the_mask()
     script = DEFAULTS_SCRIPT.format(names=names, bundles=str(DEFAULT_BUNDLES))
-    root = Path(__file__).resolve().parents[2]
-    result = cpu_mask.run(
-        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=600
-    )
-    if result.returncode == cpu_mask.NO_CPUID_FAULT or "unshare failed" in result.stderr:
-        pytest.skip("no CPUID faulting or mount namespace here")
+    result = run_masked(script, "avx2", timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     worst = {tuple(line.split()[:2]): float(line.split()[2]) for line in result.stdout.splitlines()}
     assert len(worst) == 12, result.stdout

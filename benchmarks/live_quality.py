@@ -2,6 +2,9 @@
 same variant scored offline. Also what embed_quality.py and rerank_quality.py share.
 
     python -m benchmarks.live_quality [--tasks sst2,conll03,codah,squad] [--bundles .cache/bundles]
+
+Under `python -m benchmarks.cpu_mask --` the service serves what an AVX2-only CPU gets
+(`int8-rowwise-avx2`, on the AVX2 kernels): give it its own `--name`.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def main() -> None:
 
     p = parser(__doc__)
     p.add_argument("--tasks", default="sst2,conll03,codah,squad")
+    p.add_argument("--name", default="live_quality", help="results file stem")
     args = p.parse_args()
     if not args.data.exists():
         print(f"{args.data} is absent: no task data to measure on; skipping")
@@ -80,7 +84,7 @@ def main() -> None:
         bundle = args.bundles / r["bundle"]
         r["offline"] = evaluate_bundle(bundle, r["variant"], task, examples, recipe["data"],
                                        label_names=recipe.get("label_names"))  # fmt: skip
-    print(merge_results(results, args.out / "live_quality.json"))
+    print(merge_results(results, args.out / f"{args.name}.json"))
 
 
 def merge_results(results: dict, path: Path) -> str:
@@ -96,11 +100,12 @@ def merge_results(results: dict, path: Path) -> str:
         lines.append(f"| {name} ({r['bundle']}) | {r['metric']} | {offline:.4f} | {live:.4f} "
                      f"| {live - offline:+.4f} | {r['examples']} | {r['variant']} "
                      f"| `{r['validation']}` |")  # fmt: skip
+    command = common.command("live_quality")
     intro = (
-        "Measured by `python -m benchmarks.live_quality`: one HTTP request per example to the live service "
+        f"Measured by `{command}`: one HTTP request per example to the live service "
         "on the default bundles with default settings, scored by `python -m train.evaluate --url`.\n\n"
     )
-    report = {"command": "python -m benchmarks.live_quality", "machine": common.machine_info()}
+    report = {"command": command, "machine": common.machine_info()}
     report["tasks"] = merged
     common.write_results(path.parent, path.stem, report, intro + "\n".join(lines), None)
     return "\n".join(lines)

@@ -12,11 +12,13 @@ export checks (export.verify) both open their sessions through `exact_int8`.
 
 The widening kernel costs about as much as fp32 on an AVX2-only CPU. `int8-rowwise-avx2` needs none
 of it. The non-VNNI kernels (vpmaddubsw) multiply 4 consecutive K values of a weight column at a time
-and add the products of K rows (2j, 2j + 1) in 16 bits; that variant's weights keep |w[2j]| + |w[2j+1]|
-<= PAIR_BUDGET = 128 in every column, so a pair of products with uint8 activations is at most
-255 x 128 = 32,640 in magnitude, which 16 bits hold. A single weight may still reach 127 (a plain
-[-64, 64] bound would also be exact, pairing aside, but left the embedding default's vectors below
-its cosine bar: docs/decisions.md, int8_avx2). `exact_int8` asks for nothing on such a variant, and
+and add the products of K rows (2j, 2j + 1) in 16 bits. With uint8 activations (0..255) such a sum
+lies between -255 x (the pair's negative weights' magnitudes) and 255 x (its positive weights), so a
+pair of opposite signs can never saturate, and a pair of one sign cannot once |w[2j]| + |w[2j+1]| <=
+PAIR_BUDGET = 128 (255 x 128 = 32,640). That variant's weights keep this `pair_load` in every column;
+a single weight, and an opposite-signed pair, may still reach 127 (a plain [-64, 64] bound would also
+be exact, pairing aside, but left the embedding default's vectors below its cosine bar:
+docs/decisions.md, int8_avx2). `exact_int8` asks for nothing on such a variant, and
 `cpu_int8_variant` says which batch-invariant INT8 variant is exact at full speed on this CPU.
 """
 
@@ -30,8 +32,8 @@ X64_QUANT_PRECISION = "session.x64quantprecision"
 # int32 dot products of u8 x s8: no 16-bit intermediate to saturate.
 INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 X86 = frozenset({"x86_64", "amd64", "i386", "i686", "x86"})
-# |w[2j]| + |w[2j+1]| of a column's adjacent K rows, at most: 255 x 128 = 32,640 <= 32,767 (and
-# -32,640 >= -32,768), so the non-VNNI kernels' 16-bit pair sums never saturate.
+# The pair_load of a column's adjacent K rows, at most: 255 x 128 = 32,640 <= 32,767 (and -32,640 >=
+# -32,768), so the non-VNNI kernels' 16-bit pair sums never saturate.
 PAIR_BUDGET = 128
 # Variants whose int8 weights keep PAIR_BUDGET (export checks it): exact on every x86 u8 x s8 kernel
 # without the widening one.
@@ -65,7 +67,8 @@ def cpu_int8_variant(machine: str | None = None, flags: set[str] | None = None) 
     if needs_exact_int8(machine, flags):
         return INT8_FOR_16_BIT_PAIRS, (
             "this CPU's u8 x s8 kernel adds pairs of products in 16 bits (no VNNI/AMX): "
-            "weights whose adjacent pairs stay within 128 keep it exact without the slow widening kernel"
+            "weights whose adjacent same-signed pairs stay within 128 keep it exact "
+            "without the slow widening kernel"
         )
     return (
         INT8_FOR_INT32_DOTS,
@@ -86,14 +89,23 @@ def exact_int8(options: Any, needed: bool | None = None, variant: str | None = N
 INTEGER_MATMULS = ("MatMulIntegerToFloat", "MatMulInteger", "DynamicQuantizeMatMul")
 
 
-def pair_peak(codes: Any) -> int:
-    """The largest |w[2j]| + |w[2j+1]| over a [K, N] int8 weight's columns (K padded with a zero row)."""
+def pair_load(weights: Any) -> Any:
+    """Per pair of adjacent K rows of a [K, N] array (K padded with a zero row), the larger of its
+    positive entries' sum and its negative entries' magnitudes' sum: [ceil(K / 2), N]. A pair's
+    16-bit sum with uint8 activations lies within 255 x this (opposite signs partly cancel)."""
     import numpy as np
 
-    w = np.abs(codes.astype(np.int32))
+    w = np.asarray(weights)
+    w = w.astype(np.int32) if w.dtype.kind in "iu" else w
     if len(w) % 2:
-        w = np.concatenate([w, np.zeros((1, *w.shape[1:]), np.int32)])
-    return int((w[0::2] + w[1::2]).max(initial=0))
+        w = np.concatenate([w, np.zeros((1, *w.shape[1:]), w.dtype)])
+    pos, neg = np.maximum(w, 0), np.maximum(-w, 0)
+    return np.maximum(pos[0::2] + pos[1::2], neg[0::2] + neg[1::2])
+
+
+def pair_peak(codes: Any) -> int:
+    """The largest pair_load over a [K, N] int8 weight's columns."""
+    return int(pair_load(codes).max(initial=0))
 
 
 def int8_pair_peak(graph: Any) -> int:
@@ -119,7 +131,7 @@ def require_pair_safe(variant: str, path: Path) -> int:
     peak = int8_pair_peak(onnx.load(str(path)).graph)
     if variant in PAIR_SAFE_VARIANTS and peak > PAIR_BUDGET:
         raise ValueError(
-            f"{variant} must keep |w[2j]| + |w[2j+1]| <= {PAIR_BUDGET} in its int8 weights (its pairs of "
-            f"products then fit 16 bits), but {path.name} holds {peak}"
+            f"{variant} must keep |w[2j]| + |w[2j+1]| <= {PAIR_BUDGET} in its int8 weights' same-signed "
+            f"pairs (its pairs of products then fit 16 bits), but {path.name} holds {peak}"
         )
     return peak

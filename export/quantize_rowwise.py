@@ -17,9 +17,9 @@ Z is 128 (symmetric) except after GELU, whose outputs lie in [GELU_MIN, max]: th
 step_r = max(max_r / 223, -GELU_MIN / 32), which gives the positive side 1.75x the codes and
 needs no ReduceMin (nothing clips: GELU is never below GELU_MIN).
 Weights are int8, symmetric, one scale per output column, codes in [-127, 127]; with `pair_budget`
-(`int8-rowwise-avx2`) also |w[2j]| + |w[2j+1]| <= pair_budget for every pair of adjacent K rows, so
-the 16-bit pair sums of the non-VNNI x86 kernels cannot saturate (export/int8_precision.py) and those
-run it exactly at full speed.
+(`int8-rowwise-avx2`) also |w[2j]| + |w[2j+1]| <= pair_budget for every same-signed pair of adjacent
+K rows (int8_precision.pair_load), so the 16-bit pair sums of the non-VNNI x86 kernels cannot
+saturate (export/int8_precision.py) and those run it exactly at full speed.
 The per-row division lives in QuantizeLinear's blocked form (opset 21), so the graph's default
 opset is raised to 21 (`upgrade_opset`). Every op here is one pass over the activation or a
 [..., 1] one: the cost beside dynamic INT8 is benchmarks/cpu_int8.py's `profile`.
@@ -69,19 +69,21 @@ BEHAVIOUR = "per-token activation scales: a row's outputs do not depend on what 
 
 def quantize_weight(weight: np.ndarray, pair_budget: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """int8 codes and fp32 scales, one per output column, symmetric: weight ~= codes * scales. With
-    `pair_budget`, each column's scale also fits its largest |w[2j]| + |w[2j+1]| into the budget, and
-    a pair that rounding pushed over it gives up one step on its larger code."""
+    `pair_budget`, each column's scale also fits its largest pair_load into the budget, and a
+    same-signed pair that rounding pushed over it gives up one step on its larger code."""
+    from .int8_precision import pair_load
+
     k, n = weight.shape
     scales = np.abs(weight).max(axis=0) / QMAX
     if pair_budget is not None:
-        pairs = np.abs(np.concatenate([weight, np.zeros((k % 2, n), weight.dtype)]))  # [K (even), N]
-        scales = np.maximum(scales, (pairs[0::2] + pairs[1::2]).max(axis=0) / pair_budget)
+        scales = np.maximum(scales, pair_load(weight).max(axis=0) / pair_budget)
     scales = np.maximum(scales, TINY / QMAX).astype(np.float32)
     codes = np.clip(np.rint(weight / scales), -QMAX, QMAX).astype(np.int32)
     if pair_budget is not None:
         padded = np.concatenate([codes, np.zeros((k % 2, n), np.int32)])  # [K (even), N]
         even, odd = padded[0::2], padded[1::2]  # views: [K/2, N] each
-        over = np.abs(even) + np.abs(odd) > pair_budget  # by one step at most (each code rounds by 1/2)
+        # Opposite signs cancel; a same-signed pair is over by one step at most (each code rounds by 1/2).
+        over = (np.sign(even) == np.sign(odd)) & (np.abs(even) + np.abs(odd) > pair_budget)
         odd_larger = np.abs(odd) > np.abs(even)
         even -= np.sign(even) * (over & ~odd_larger)
         odd -= np.sign(odd) * (over & odd_larger)

@@ -152,10 +152,21 @@ def pairwise_16_bit(codes: np.ndarray, weights: np.ndarray, offset: int = 0) -> 
 
 
 def budget_weights(k: int = 65) -> np.ndarray:
-    """[k, 8] int8 columns at the pair budget's edges: (127, 1), (64, 64), (1, 127) and their negatives,
-    mixed signs, and [1, 127, 127, 1, ...], whose rows (2j + 1, 2j + 2) sum to 254: exact only on a
-    kernel that pairs rows (2j, 2j + 1). An odd k leaves a last row to pair with the kernel's padding."""
-    patterns = [(127, 1), (64, 64), (1, 127), (-127, -1), (-64, -64), (127, -1), (-1, 127)]
+    """[k, 10] int8 columns at the pair budget's edges: (127, 1), (64, 64), (1, 127) and their negatives,
+    mixed signs up to (127, -127) (opposite signs cancel: 255 x 127 at most), and [1, 127, 127, 1, ...],
+    whose rows (2j + 1, 2j + 2) sum to 254: exact only on a kernel that pairs rows (2j, 2j + 1). An odd
+    k leaves a last row to pair with the kernel's padding."""
+    patterns = [
+        (127, 1),
+        (64, 64),
+        (1, 127),
+        (-127, -1),
+        (-64, -64),
+        (127, -1),
+        (-1, 127),
+        (127, -127),
+        (-127, 127),
+    ]
     columns = [np.resize(pattern, k) for pattern in patterns] + [np.resize([1, 127, 127, 1], k)]
     return np.stack(columns, axis=1).astype(np.int8)
 
@@ -177,7 +188,8 @@ def test_the_pairwise_kernel_saturates_beyond_the_budget():
     129; and a kernel pairing rows otherwise would overflow on the budget's own weights. The checks
     the budget must pass can fail."""
     codes = worst_codes()
-    for weights in (np.full((65, 2), 127, np.int8), np.resize([65, 64], (65, 2)).astype(np.int8)):
+    for pattern in ([127, 127], [65, 64], [-1, -128]):
+        weights = np.resize(pattern, (65, 2)).astype(np.int8)
         assert (pairwise_16_bit(codes, weights) != exact_product(codes, weights)).any()
     weights = budget_weights()
     assert (pairwise_16_bit(codes, weights, offset=1) != exact_product(codes, weights)).any()
@@ -186,23 +198,44 @@ def test_the_pairwise_kernel_saturates_beyond_the_budget():
 def test_pair_budget_weights_are_exact_on_the_pairwise_kernel():
     """int8-rowwise-avx2's worst cases: every activation code 0 or 255 against weights at every edge
     of the budget (255 x 128 = 32,640 <= 32,767), odd K; and the quantizer never leaves the budget
-    while a lone large weight keeps nearly 8 bits."""
+    while a lone large weight, and a pair of opposite signs, keep nearly 8 bits."""
     from export.int8_precision import PAIR_BUDGET, pair_peak
     from export.quantize_rowwise import quantize_weight
 
     assert PAIR_BUDGET == 128 and 255 * 128 <= 32767 < 255 * 129
     codes, weights = worst_codes(), budget_weights()
-    assert pair_peak(weights) == PAIR_BUDGET
+    assert pair_peak(weights) == PAIR_BUDGET and pair_peak(np.array([[127], [-127]])) == 127
     np.testing.assert_array_equal(pairwise_16_bit(codes, weights), exact_product(codes, weights))
     rng = np.random.default_rng(1)
     for k in (64, 65):
         w = rng.standard_normal((k, 16)).astype(np.float32)
-        w[3, 2], w[20, 5], w[21, 5] = 40.0, 9.0, -9.0  # one outlier; a pair of them
+        w[3, 2], w[20, 5], w[21, 5] = 40.0, 9.0, 9.0  # one outlier; a same-signed pair of them
+        w[30:32, 7] = 12.0, -12.0  # an opposite-signed pair: 8-bit codes, the column's scale unchanged
         q, scales = quantize_weight(w, PAIR_BUDGET)
         assert pair_peak(q) <= PAIR_BUDGET and np.abs(q.astype(int)).max() > 120  # beyond 7 bits
+        assert list(q[30:32, 7]) == [127, -127] and np.abs(q[:, 5].astype(int)).max() <= 64
         assert np.abs(q * scales - w).max() <= scales.max()  # within a step: nothing clipped
         codes = worst_codes(k)
         np.testing.assert_array_equal(pairwise_16_bit(codes, q), exact_product(codes, q))
+
+
+@pytest.mark.parametrize(
+    "pair, peak, refused", [((127, -127), 127, False), ((64, 64), 128, False), ((65, 64), 129, True)]
+)
+def test_export_refuses_an_avx2_graph_whose_same_signed_pairs_leave_the_budget(tmp_path, pair, peak, refused):
+    """`require_pair_safe` reads the graph's int8 weights: opposite signs may reach 127 each, a
+    same-signed pair past 128 is refused for int8-rowwise-avx2 (and only recorded for int8-rowwise)."""
+    pytest.importorskip("onnx")
+    from export.int8_precision import require_pair_safe
+
+    path = tmp_path / "model.onnx"
+    path.write_bytes(matmul_model(np.resize(pair, (7, 3)).astype(np.int8)))
+    assert require_pair_safe("int8-rowwise", path) == peak
+    if refused:
+        with pytest.raises(ValueError, match=f"holds {peak}"):
+            require_pair_safe("int8-rowwise-avx2", path)
+    else:
+        assert require_pair_safe("int8-rowwise-avx2", path) == peak
 
 
 def test_the_avx2_variant_is_served_without_the_widening_kernel(monkeypatch):

@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from .int8_precision import pair_load
+
 MS_DOMAIN = "com.microsoft"
 ZERO_POINT = 128  # uint8 code of 0.0: symmetric activations on the u8 x s8 kernels
 QMAX = 127.0  # activation codes each side of the zero point, and the int8 weights' range
@@ -71,8 +73,6 @@ def quantize_weight(weight: np.ndarray, pair_budget: int | None = None) -> tuple
     """int8 codes and fp32 scales, one per output column, symmetric: weight ~= codes * scales. With
     `pair_budget`, each column's scale also fits its largest pair_load into the budget, and a
     same-signed pair that rounding pushed over it gives up one step on its larger code."""
-    from .int8_precision import pair_load
-
     k, n = weight.shape
     scales = np.abs(weight).max(axis=0) / QMAX
     if pair_budget is not None:

@@ -82,8 +82,7 @@ def quantize_weight(weight: np.ndarray, pair_budget: int | None = None) -> tuple
     if pair_budget is not None:
         padded = np.concatenate([codes, np.zeros((k % 2, n), np.int32)])  # [K (even), N]
         even, odd = padded[0::2], padded[1::2]  # views: [K/2, N] each
-        # Opposite signs cancel; a same-signed pair is over by one step at most (each code rounds by 1/2).
-        over = (np.sign(even) == np.sign(odd)) & (np.abs(even) + np.abs(odd) > pair_budget)
+        over = pair_load(padded) > pair_budget  # by one step at most (each code rounds by 1/2)
         odd_larger = np.abs(odd) > np.abs(even)
         even -= np.sign(even) * (over & ~odd_larger)
         odd -= np.sign(odd) * (over & odd_larger)

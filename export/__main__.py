@@ -67,6 +67,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="mark a classify model as a (query, passage) scorer: the default for /rerank, not for "
         "/classify (default: what training recorded in config.json)",
     )
+    parser.add_argument(
+        "--avx2-rounding",
+        choices=("feedback", "nearest"),
+        default="feedback",
+        help="int8-rowwise-avx2's weight codes: rounded with error feedback on export/calibration.txt "
+        "(closer to fp32 for most models) or to nearest (default: feedback)",
+    )
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset, >= 17 (default: 17)")
     qa = parser.add_argument_group("question answering defaults (qa checkpoints only)")
     qa.add_argument(
@@ -163,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             normalize=args.normalize,
             name=args.name,
             reranker=args.reranker,
+            avx2_rounding=args.avx2_rounding,
             opset=args.opset,
             overwrite=args.overwrite,
             log=log,

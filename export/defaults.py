@@ -67,11 +67,18 @@ def source_dir(name: str, spec: dict, base: str) -> Path:
     return DEFAULTS_DIR / name
 
 
-def fingerprint(compact_dir: Path, variants: list[str], name: str | None = None) -> str:
+def fingerprint(
+    compact_dir: Path, variants: list[str], name: str | None = None, spec: dict | None = None
+) -> str:
     """What the built bundle `name` (default: the source directory's name) depends on: its source
-    files, the variants, and its own INT8 measurement."""
+    files, the variants, its index entry `spec`, the text int8-rowwise-avx2 rounds against, and its
+    own INT8 measurement."""
+    from .calibration import CALIBRATION_TEXT
+
     digest = hashlib.sha256(",".join(sorted(variants)).encode())
+    digest.update(json.dumps(spec or {}, sort_keys=True).encode())
     hash_compact(digest, compact_dir)
+    digest.update(CALIBRATION_TEXT.read_bytes())
     digest.update(json.dumps(task_data_measurement(name or compact_dir.name), sort_keys=True).encode())
     return digest.hexdigest()
 
@@ -88,7 +95,7 @@ def build_one(name: str, spec: dict, out: Path, variants: list[str], base: str, 
 
     source = source_dir(name, spec, base)
     bundle_dir = out / name
-    stamp = fingerprint(source, variants, name)
+    stamp = fingerprint(source, variants, name, spec)
     if not force and is_current(bundle_dir, stamp):
         return "cached"
     with tempfile.TemporaryDirectory(prefix=f"{name}-ckpt-") as tmp:
@@ -105,6 +112,7 @@ def build_one(name: str, spec: dict, out: Path, variants: list[str], base: str, 
             max_seq_len=spec["max_seq_len"],
             qa_defaults=spec.get("qa_defaults"),
             reranker=spec.get("reranker"),
+            avx2_rounding=spec.get("avx2_rounding", "feedback"),
             name=name,
             overwrite=True,
             log=lambda message: print(f"  [{name}] {message}", flush=True),

@@ -19,7 +19,9 @@ needs no ReduceMin (nothing clips: GELU is never below GELU_MIN).
 Weights are int8, symmetric, one scale per output column, codes in [-127, 127]; with `pair_budget`
 (`int8-rowwise-avx2`) also |w[2j]| + |w[2j+1]| <= pair_budget for every same-signed pair of adjacent
 K rows (int8_precision.pair_load), so the 16-bit pair sums of the non-VNNI x86 kernels cannot
-saturate (export/int8_precision.py) and those run it exactly at full speed.
+saturate (export/int8_precision.py) and those run it exactly at full speed; its codes are rounded
+with error feedback against calibration statistics (`products`: export/calibration.py), which wins
+back most of the precision the budget costs.
 The per-row division lives in QuantizeLinear's blocked form (opset 21), so the graph's default
 opset is raised to 21 (`upgrade_opset`). Every op here is one pass over the activation or a
 [..., 1] one: the cost beside dynamic INT8 is benchmarks/cpu_int8.py's `profile`.
@@ -31,7 +33,7 @@ inside it they would be multiplied by the row scale.
 Outputs read as they are (sentence embeddings, compared by cosine) need more: a few hidden
 channels carry values far beyond the rest, so one scale per token leaves the others few codes.
 `outliers` keeps, per quantized input, a fixed set of channels (the largest over calibration
-features, found by `outlier_channels`) in an fp32 matmul beside the INT8 one (LLM.int8()'s
+features, found by calibration.outlier_channels) in an fp32 matmul beside the INT8 one (LLM.int8()'s
 decomposition, with the set fixed at export so a row still depends on itself alone), and
 `float_after_gelu` keeps the FFN output projections fp32.
 """
@@ -44,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from .calibration import round_with_feedback
 from .int8_precision import pair_load
 
 MS_DOMAIN = "com.microsoft"
@@ -69,15 +72,21 @@ TOOL = "export.quantize_rowwise: per-token symmetric uint8 activations, per-colu
 BEHAVIOUR = "per-token activation scales: a row's outputs do not depend on what shares its batch"
 
 
-def quantize_weight(weight: np.ndarray, pair_budget: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def quantize_weight(
+    weight: np.ndarray, pair_budget: int | None = None, product: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """int8 codes and fp32 scales, one per output column, symmetric: weight ~= codes * scales. With
-    `pair_budget`, each column's scale also fits its largest pair_load into the budget, and a
-    same-signed pair that rounding pushed over it gives up one step on its larger code."""
+    `pair_budget`, each column's scale also fits its largest pair_load into the budget. Codes are
+    rounded with error feedback against `product` (its input's X^T X: calibration.round_with_feedback)
+    where given, else to nearest, a same-signed pair that rounding pushed over the budget giving up
+    one step on its larger code."""
     k, n = weight.shape
     scales = np.abs(weight).max(axis=0) / QMAX
     if pair_budget is not None:
         scales = np.maximum(scales, pair_load(weight).max(axis=0) / pair_budget)
     scales = np.maximum(scales, TINY / QMAX).astype(np.float32)
+    if product is not None:
+        return round_with_feedback(weight, scales, product, pair_budget), scales
     codes = np.clip(np.rint(weight / scales), -QMAX, QMAX).astype(np.int32)
     if pair_budget is not None:
         padded = np.concatenate([codes, np.zeros((k % 2, n), np.int32)])  # [K (even), N]
@@ -98,11 +107,13 @@ class _Rewriter:
         float_after_gelu: bool = False,
         stages: frozenset = STAGES,
         pair_budget: int | None = None,
+        products=None,
     ):
         from onnx import numpy_helper
 
         self.stages = stages
         self.pair_budget = pair_budget
+        self.products = products or {}  # quantized input -> its X^T X, for error-feedback rounding
         self.outliers = outliers or {}  # quantized input -> channels kept fp32
         self.gathered: dict[str, str] = {}  # quantized input -> its outlier channels
         self.float_after_gelu = float_after_gelu
@@ -208,7 +219,7 @@ class _Rewriter:
         if self.float_after_gelu and self.producers.get(x) in GELU_OPS:
             return self.float_matmul(x, weight, output)
         codes, scale, zero_point = self.quantize_rows(x, weight.shape[0])
-        w_codes, w_scales = quantize_weight(weight, self.pair_budget)
+        w_codes, w_scales = quantize_weight(weight, self.pair_budget, self.inlier_product(x))
         inputs = [
             codes,
             self.const("w", w_codes),
@@ -237,6 +248,15 @@ class _Rewriter:
         out = output or self.name("sum")
         self.nodes.append(helper.make_node("Add", [main, side], [out], name=self.name("add")))
         return out
+
+    def inlier_product(self, x: str) -> np.ndarray | None:
+        """X^T X of what the INT8 matmul of `x` sees: outlier channels are zeroed before it."""
+        product = self.products.get(x)
+        if product is not None and x in self.outliers:
+            product = product.copy()
+            product[self.outliers[x]] = 0.0
+            product[:, self.outliers[x]] = 0.0
+        return product
 
     def float_matmul(self, x: str, weight: np.ndarray, output: str | None = None) -> str:
         from onnx import helper
@@ -315,58 +335,6 @@ def upgrade_opset(model, version: int = OPSET) -> None:
             node.input.append(name)
 
 
-def quantized_inputs(graph) -> dict[str, int]:
-    """The tensors the rewrite quantizes (inputs of constant-weight MatMuls and Attention), and
-    their width."""
-    from onnx import numpy_helper
-
-    weights = {i.name: i for i in graph.initializer}
-    out = {}
-    for node in graph.node:
-        plain = node.op_type == "MatMul" or (node.op_type == "Attention" and node.domain == MS_DOMAIN)
-        if plain and len(node.input) > 1 and node.input[1] in weights:
-            shape = numpy_helper.to_array(weights[node.input[1]]).shape
-            if len(shape) == 2:
-                out[node.input[0]] = int(shape[0])
-    return out
-
-
-def outlier_channels(src: Path, batches: list[dict[str, np.ndarray]], k: int, disabled_optimizers=()) -> dict:
-    """For every quantized input of `src`, the `k` channels of largest |value| over the real tokens
-    of `batches`: fixed at export, so a row's outputs still depend on that row alone."""
-    peak = channel_peaks(src, batches, disabled_optimizers)
-    return {name: np.sort(np.argsort(-values)[:k]).astype(np.int64) for name, values in peak.items()}
-
-
-def channel_peaks(src: Path, batches: list[dict[str, np.ndarray]], disabled_optimizers=()) -> dict:
-    """For every quantized input of `src`, each channel's largest |value| over the real tokens of
-    `batches`."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    from .verify import make_session
-
-    model = onnx.load(str(src))
-    widths = quantized_inputs(model.graph)
-    graph_outputs = {o.name for o in model.graph.output}
-    for name in widths:
-        if name not in graph_outputs:
-            model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-    session = make_session(model.SerializeToString(), disabled_optimizers=disabled_optimizers)
-    names = [o.name for o in session.get_outputs()]
-    peak = {name: np.zeros(width, np.float32) for name, width in widths.items()}
-    for feeds in batches:
-        graph_feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
-        outputs = dict(zip(names, session.run(names, graph_feeds), strict=True))
-        real = feeds["attention_mask"].reshape(-1).astype(bool)
-        for name, width in widths.items():
-            rows = np.abs(outputs[name]).reshape(-1, width)
-            if len(rows) == len(real):  # token rows: padding carries no meaning
-                rows = rows[real]
-            peak[name] = np.maximum(peak[name], rows.max(axis=0))
-    return peak
-
-
 def quantize_rowwise(
     src: Path,
     dst: Path,
@@ -374,17 +342,20 @@ def quantize_rowwise(
     float_after_gelu: bool = False,
     stages: frozenset = STAGES,
     pair_budget: int | None = None,
+    products: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Rewrite the fp32 graph `src` (fused or not) into the per-token INT8 graph `dst`; returns the
     report. `outliers` and `float_after_gelu`: see the module's docstring; `stages`: STAGES;
-    `pair_budget`: the largest |w[2j]| + |w[2j+1]| of the int8 weights (None: no bound but 127 each)."""
+    `pair_budget`: the largest |w[2j]| + |w[2j+1]| of the int8 weights (None: no bound but 127 each);
+    `products`: per quantized input, X^T X to round its weights against (calibration.input_products;
+    None: nearest)."""
     import onnx
 
     if pair_budget is not None and pair_budget < 1:
         raise ValueError(f"pair_budget must be positive, got {pair_budget}")
     model = onnx.load(str(src))
     upgrade_opset(model)
-    replaced = _Rewriter(model.graph, outliers, float_after_gelu, stages, pair_budget).rewrite()
+    replaced = _Rewriter(model.graph, outliers, float_after_gelu, stages, pair_budget, products).rewrite()
     if not replaced:
         raise ValueError(f"{src.name} has no MatMul with a constant weight and no Attention node to quantize")
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):
@@ -406,4 +377,7 @@ def quantize_rowwise(
         "float_after_gelu": float_after_gelu,
         "stages": sorted(stages),
         "weight_pair_budget": pair_budget,
+        "weight_rounding": "error feedback on calibration.txt (export/calibration.py)"
+        if products
+        else "nearest",
     }

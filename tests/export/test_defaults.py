@@ -74,3 +74,26 @@ def test_the_build_reads_no_benchmark_results():
     index = json.loads((defaults.DEFAULTS_DIR / defaults.INDEX).read_text(encoding="utf-8"))
     assert set(recorded) == set(index["models"])
     assert "/work/" not in defaults.TASK_DATA.read_text(encoding="utf-8")
+
+
+def test_fingerprint_follows_the_calibration_text(tmp_path, monkeypatch):
+    from export import calibration
+
+    text = tmp_path / "calibration.txt"
+    monkeypatch.setattr(calibration, "CALIBRATION_TEXT", text)
+    compact = tmp_path / "compact"
+    compact.mkdir()
+    text.write_text("one line of prose\n")
+    first = defaults.fingerprint(compact, ["int8-rowwise-avx2"])
+    text.write_text("another line of prose\n")
+    assert defaults.fingerprint(compact, ["int8-rowwise-avx2"]) != first
+
+
+def test_fingerprint_follows_the_index_entry(tmp_path):
+    """A changed defaults.json entry (max_seq_len, avx2_rounding, ...) rebuilds its bundle."""
+    compact = tmp_path / "compact"
+    compact.mkdir()
+    spec = {"task": "classify", "max_seq_len": 128}
+    first = defaults.fingerprint(compact, ["int8"], spec=spec)
+    assert defaults.fingerprint(compact, ["int8"], spec=dict(reversed(spec.items()))) == first
+    assert defaults.fingerprint(compact, ["int8"], spec={**spec, "avx2_rounding": "nearest"}) != first

@@ -163,7 +163,8 @@ def test_outlier_channels_go_through_fp32_beside_the_int8_matmul(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from export.quantize_rowwise import MS_DOMAIN, outlier_channels, quantize_rowwise
+    from export.calibration import outlier_channels
+    from export.quantize_rowwise import MS_DOMAIN, quantize_rowwise
 
     rng = np.random.default_rng(1)
     weight = rng.standard_normal((16, 8)).astype(np.float32)
@@ -211,6 +212,12 @@ def test_embed_bundles_use_the_outlier_recipe_and_the_others_do_not(app_bundles)
     assert recipes["embed"]["outlier_channels"]["chosen_on"] == "random tokens (no eval_batches given)"
     for task in ("classify", "ner", "multiple-choice", "qa"):
         assert recipes[task]["outlier_channels"]["per_input"] == 0 and not recipes[task]["float_after_gelu"]
+    avx2 = {
+        task: load_bundle_manifest(path).quantization["int8-rowwise-avx2"]
+        for task, path in app_bundles.items()
+    }
+    assert all(r["weight_rounding"].startswith("error feedback") for r in avx2.values())
+    assert avx2["embed"]["outlier_channels"]["per_input"] == 16
 
 
 def test_export_fails_when_the_invariant_variant_is_not(checkpoints, tmp_path, monkeypatch):

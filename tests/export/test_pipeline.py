@@ -59,11 +59,37 @@ def test_refuses_to_overwrite_without_flag(checkpoints, tmp_path):
         ({"max_seq_len": 4096}, "max_seq_len 4096 must be in"),
         ({"eval_batches": [{"input_ids": np.zeros((2, 5), np.int64)}]}, "lacks attention_mask"),
         ({"opset": 13}, "opset 13 is too old"),
+        ({"avx2_rounding": "stochastic"}, "avx2_rounding is 'feedback' or 'nearest', not 'stochastic'"),
     ],
 )
 def test_bad_arguments_are_named(checkpoints, tmp_path, kwargs, message):
     with pytest.raises((ExportError, ValueError), match=message):
         export_bundle(checkpoints["classify"], tmp_path / "b", **kwargs)
+
+
+def test_the_avx2_variant_rounds_with_feedback_unless_told_nearest(checkpoints, tmp_path):
+    """Feedback rounding changes the codes, never the pair budget or the 8-bit variant."""
+    import onnx
+    from onnx import numpy_helper
+
+    def int8_weights(bundle, file):
+        graph = onnx.load(str(bundle / file)).graph
+        return [numpy_helper.to_array(i) for i in graph.initializer if i.data_type == onnx.TensorProto.INT8]
+
+    variants = ("int8-rowwise", "int8-rowwise-avx2")
+    fed = export_bundle(checkpoints["classify"], tmp_path / "fed", variants=variants)
+    near = export_bundle(
+        checkpoints["classify"], tmp_path / "near", variants=variants, avx2_rounding="nearest"
+    )
+    reports = [load_bundle_manifest(b).quantization for b in (fed, near)]
+    assert [r["int8-rowwise-avx2"]["weight_rounding"][:14] for r in reports] == ["error feedback", "nearest"]
+    assert all(r["int8-rowwise"]["weight_rounding"] == "nearest" for r in reports)
+    assert all(r["int8-rowwise-avx2"]["int8_pair_peak"] <= 128 for r in reports)
+    pairs = zip(*(int8_weights(b, "model_int8_rowwise_avx2.onnx") for b in (fed, near)), strict=True)
+    same = [np.array_equal(a, b) for a, b in pairs]
+    assert same and not all(same)
+    eight_bit = [int8_weights(b, "model_int8_rowwise.onnx") for b in (fed, near)]
+    assert all(np.array_equal(a, b) for a, b in zip(*eight_bit, strict=True))
 
 
 def test_bad_qa_defaults_are_named(checkpoints, tmp_path):

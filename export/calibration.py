@@ -51,7 +51,8 @@ def text_batches(
         for row in np.ndindex(*shape):
             pair = rng.random() < 0.5
             length = int(np.exp(rng.uniform(np.log(min(SHORTEST, seq)), np.log(seq + 1))))
-            body = max(2, length - tokenizer.n_special(pair))
+            pair = pair and length >= tokenizer.n_special(True) + 2  # a token each side
+            body = max(0, length - tokenizer.n_special(pair))
             if pair:
                 line = int(rng.integers(0, len(parts) - 1))
                 first = parts[line].slice(0, max(1, min(len(parts[line]), body // 3)))

@@ -126,6 +126,16 @@ def test_text_batches_are_laid_out_by_the_tokenizer(task, shape):
     assert short[0]["input_ids"].shape[-1] == 24
 
 
+def test_text_batches_fit_even_windows_shorter_than_any_bundle():
+    """Every row fits max_seq_len, down to 4 tokens (bundles start at 8), and a pair keeps a token on
+    each side or is not made."""
+    for seq in (4, 8):
+        for batch in text_batches("classify", WordTokenizer(), max_seq_len=seq):
+            lengths, pairs = batch["attention_mask"].sum(-1), batch["token_type_ids"].max(-1) == 1
+            assert batch["input_ids"].shape == (ROWS, seq) and lengths.max() <= seq
+            assert (lengths[pairs] >= 5).all()
+
+
 def test_text_batches_refuse_a_text_shorter_than_one_window():
     with pytest.raises(ValueError, match="fewer than one"):
         text_batches("classify", WordTokenizer(), max_seq_len=64, text="too short\nto calibrate on")

@@ -11,6 +11,7 @@ import numpy as np
 from processing.embed import POOLING_MODES
 
 from .bundle import DEFAULT_QA, TASKS, BundleError, load_bundle_manifest
+from .calibration import AVX2_ROUNDINGS
 
 ALL_VARIANTS = ("fp32", "fused", "int8", "int8-rowwise", "int8-rowwise-avx2", "fp16")
 
@@ -69,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--avx2-rounding",
-        choices=("feedback", "nearest"),
+        choices=AVX2_ROUNDINGS,
         default="feedback",
         help="int8-rowwise-avx2's weight codes: rounded with error feedback on export/calibration.txt "
         "(closer to fp32 for most models) or to nearest (default: feedback)",

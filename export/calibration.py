@@ -16,7 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+MS_DOMAIN = "com.microsoft"  # onnxruntime's own ops (Attention, MatMulIntegerToFloat, ...)
 CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
+# How int8-rowwise-avx2's codes are rounded (export_bundle's `avx2_rounding`).
+AVX2_ROUNDINGS = ("feedback", "nearest")
 # Enough tokens (8 x 16 rows of 12-256, about 9,000) that X^T X of a 1,536-wide FFN input has full rank.
 BATCHES, ROWS, SHORTEST, LONGEST = 8, 16, 12, 256
 DAMPING = 0.01  # of X^T X's mean diagonal, added to it: channels seen little still get rounded sensibly
@@ -41,7 +44,10 @@ def text_batches(
     stream = Tokens(*(np.concatenate([getattr(t, f) for t in parts]) for f in ("ids", "offsets", "word_ids")))
     seq = min(max_seq_len, LONGEST)
     if len(lines) < 2 or len(stream) < seq:
-        raise ValueError(f"calibration text has {len(stream)} tokens, fewer than one {seq}-token window")
+        raise ValueError(
+            f"calibration text has {len(lines)} lines and {len(stream)} tokens, fewer than one "
+            f"{seq}-token window or two lines"
+        )
     rng = np.random.default_rng(seed)
     shape = (ROWS, 4) if TASKS[task].choices else (ROWS,)
     batches = []
@@ -76,7 +82,7 @@ def quantized_inputs(graph) -> dict[str, int]:
     weights = {i.name: i for i in graph.initializer}
     out = {}
     for node in graph.node:
-        plain = node.op_type == "MatMul" or (node.op_type == "Attention" and node.domain == "com.microsoft")
+        plain = node.op_type == "MatMul" or (node.op_type == "Attention" and node.domain == MS_DOMAIN)
         if plain and len(node.input) > 1 and node.input[1] in weights:
             shape = numpy_helper.to_array(weights[node.input[1]]).shape
             if len(shape) == 2:

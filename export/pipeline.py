@@ -106,7 +106,7 @@ def export_bundle(
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise ExportError(f"unknown variant(s) {unknown or '(none given)'}; choose from {VARIANTS}")
-    if avx2_rounding not in ("feedback", "nearest"):
+    if avx2_rounding not in calibration.AVX2_ROUNDINGS:
         raise ExportError(f"avx2_rounding is 'feedback' or 'nearest', not {avx2_rounding!r}")
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise ExportError(
@@ -156,9 +156,7 @@ def export_bundle(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
-        run = _Run(
-            task, config, tokenizer if avx2_rounding == "feedback" else None, stage, set(variants), log
-        )
+        run = _Run(task, config, tokenizer, avx2_rounding, stage, set(variants), log)
         run.fp32(model, opset, max_seq_len)
         if run.wanted & {"fused", "fp16", *INT8_VARIANTS}:
             run.fused()
@@ -228,9 +226,17 @@ class _Run:
     """The graphs of one export and their reports, built stage by stage in `stage`."""
 
     def __init__(
-        self, task: str, config, calibrate, stage: Path, wanted: set[str], log: Callable[[str], None]
+        self,
+        task: str,
+        config,
+        tokenizer,
+        avx2_rounding: str,
+        stage: Path,
+        wanted: set[str],
+        log: Callable[[str], None],
     ):
-        self.task, self.config, self.calibrate, self.wanted, self.log = task, config, calibrate, wanted, log
+        self.task, self.config, self.wanted, self.log = task, config, wanted, log
+        self.tokenizer, self.avx2_rounding = tokenizer, avx2_rounding  # for feedback rounding
         self.paths = {v: stage / FILES[v] for v in VARIANTS}
         self.verification: dict[str, Any] = {}
         self.optimization: dict[str, Any] = {}
@@ -323,13 +329,15 @@ class _Run:
                 k = recipe.pop("outlier_channels")
                 recipe["outliers"] = calibration.outlier_channels(graph, batches, k, disabled)
             recipe["pair_budget"] = PAIR_BUDGET[variant]
-            if recipe["pair_budget"] is not None and self.calibrate:  # the tokenizer, for feedback rounding
-                text = calibration.text_batches(self.task, self.calibrate, max_seq_len)
+            if recipe["pair_budget"] is not None and self.avx2_rounding == "feedback":
+                text = calibration.text_batches(self.task, self.tokenizer, max_seq_len)
                 recipe["products"] = calibration.input_products(graph, text, disabled)  # X^T X
             report = quantize_rowwise.quantize_rowwise(graph, self.paths[variant], **recipe)
             report["int8_pair_peak"] = int8_precision.require_pair_safe(variant, self.paths[variant])
             if recipe.get("outliers"):
                 report["outlier_channels"]["chosen_on"] = source
+            if recipe.get("products"):
+                report["weight_rounding"] += f" on {calibration.CALIBRATION_TEXT.name}"
         if self.base == "fused":
             report["source"] = f"{FILES['fused']} without SkipLayerNormalization"
             report["source_graph"] = self.cpu_source_report

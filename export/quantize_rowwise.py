@@ -46,10 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from .calibration import round_with_feedback
+from .calibration import MS_DOMAIN, round_with_feedback
 from .int8_precision import pair_load
 
-MS_DOMAIN = "com.microsoft"
 ZERO_POINT = 128  # uint8 code of 0.0: symmetric activations on the u8 x s8 kernels
 QMAX = 127.0  # activation codes each side of the zero point, and the int8 weights' range
 GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
@@ -377,7 +376,5 @@ def quantize_rowwise(
         "float_after_gelu": float_after_gelu,
         "stages": sorted(stages),
         "weight_pair_budget": pair_budget,
-        "weight_rounding": "error feedback on calibration.txt (export/calibration.py)"
-        if products
-        else "nearest",
+        "weight_rounding": "error feedback (calibration.round_with_feedback)" if products else "nearest",
     }

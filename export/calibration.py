@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .int8_precision import pair_load
+
 MS_DOMAIN = "com.microsoft"  # onnxruntime's own ops (Attention, MatMulIntegerToFloat, ...)
 CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
 # How int8-rowwise-avx2's codes are rounded (export_bundle's `avx2_rounding`).
@@ -173,7 +175,7 @@ def round_with_feedback(
             c = np.clip(np.rint(block[i] / scales), -127, 127)
             if pair_budget is not None and row % 2:
                 prev = codes[row - 1]
-                over = (prev * c > 0) & (np.abs(prev) + np.abs(c) > pair_budget)
+                over = pair_load(np.stack([prev, c]))[0] > pair_budget  # same-signed, past the budget
                 c = np.where(over, np.sign(c) * (pair_budget - np.abs(prev)), c)
             codes[row] = c
             errors[i] = (block[i] - c * scales) / upper[row, row]

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.runtime import SessionTuning, session_options
 from benchmarks import bench_common as common
 from benchmarks.cpu_mask import MASKED_MARK
 from export.int8_precision import cpu_flags
-from export.verify import make_session
 
 TARGET = 1.05  # issue 30: the invariant path <= 1.05x dynamic INT8 at (1,128) and (32,128)
 # Issue 44, for an AVX2-only CPU: the served variant at (32, L) >= 1.2x fp32's throughput and >= dynamic
@@ -43,8 +43,19 @@ class Candidate:
         self.name, self.path = name, bundle / variant.file
         self.disabled = list(variant.disabled_optimizers or [])
 
+    def options(self, threads: int):
+        """As the service's solo session (app/engine/loader.py): its threads spin inside a run, never
+        after it. Left spinning, one candidate's threads held the cores through the next one's first
+        4-5 runs and doubled their time (docs/performance.md, section 7)."""
+        options = session_options(threads, SessionTuning(stop_spinning_after_run=True), self.name)
+        options.log_severity_level = 3
+        return options
+
     def session(self, threads: int):
-        return make_session(self.path, threads, self.disabled, variant=self.name)
+        import onnxruntime as ort
+
+        extra = {"disabled_optimizers": self.disabled} if self.disabled else {}
+        return ort.InferenceSession(str(self.path), self.options(threads), ["CPUExecutionProvider"], **extra)
 
 
 def candidates(bundle: Path) -> list[Candidate]:
@@ -86,7 +97,7 @@ def latency(cands, shapes, threads: int, rounds: int, block: int) -> list[dict[s
         cpu: dict[str, list[float]] = collections.defaultdict(list)
         for _ in range(rounds if batch == 1 else max(3, rounds // 3)):
             for name, session in sessions.items():
-                run(session, x)  # untimed: the previous candidate's threads are asleep again
+                run(session, x)  # untimed: warms this candidate (the last one's threads stopped spinning)
                 for _ in range(block if batch == 1 else max(1, block // 4)):
                     c0, w0 = clock(), time.perf_counter()
                     run(session, x)

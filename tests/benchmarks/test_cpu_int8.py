@@ -1,5 +1,6 @@
 """cpu_int8: the served per-token paths are batch-invariant and close to fp32, the invariance check
-catches a row that moves with its batch, the targets are judged, and the report renders, on a tiny bundle."""
+catches a row that moves with its batch, the sessions stop spinning between runs, the targets are
+judged, and the report renders, on a tiny bundle."""
 
 from __future__ import annotations
 
@@ -30,6 +31,14 @@ def test_the_served_path_is_batch_invariant_and_close_to_fp32(built):
         assert inv["invariant"] and inv["max_abs_diff"] == 0, inv
         logits = run_session(session, case.feeds)["logits"]
         assert np.abs(logits - reference).max() < 0.5 * np.abs(reference).max() + 0.05
+
+
+def test_candidates_open_as_the_solo_session_whose_threads_stop_spinning_after_a_run(built):
+    # Left spinning, one candidate's idle threads took the cores from the next one's timed runs.
+    for candidate in built[0]:
+        options = candidate.options(2)
+        assert options.intra_op_num_threads == 2
+        assert options.get_session_config_entry("session.force_spinning_stop") == "1"
 
 
 def test_invariance_catches_a_row_that_moves_with_its_batch(built, tiny_bundles):

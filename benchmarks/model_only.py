@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.runtime import CPU_BATCH_TOKENS, create_runtime
+from app.engine.runtime import CPU_BATCH_TOKENS, SessionTuning, create_runtime
 from app.settings import available_cores
 from benchmarks.bench_common import timed
 from benchmarks.loadgen import percentiles
@@ -32,7 +32,8 @@ WINDOW_OVERLAP = 32
 
 class BundleModel:
     """One bundle variant (on CPU unless `device`) with the server's session options: `instances` sessions of
-    `threads` intra-op threads each (the server's MODEL_INSTANCES and INTRA_OP_THREADS)."""
+    `threads` intra-op threads each (the server's MODEL_INSTANCES and INTRA_OP_THREADS); `solo`: tuned
+    as the server's solo session, which runs a lone request (its threads stop spinning after a run)."""
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class BundleModel:
         threads: int = 0,
         instances: int = 1,
         device: str = "cpu",
+        solo: bool = False,
     ):
         self.path = Path(bundle)
         self.manifest = load_bundle_manifest(self.path)
@@ -53,8 +55,9 @@ class BundleModel:
         self.tokenizer = TextTokenizer.from_dir(self.path)
         path = self.manifest.variant_path(self.path, variant)
         disabled = self.manifest.variants[variant].disabled_optimizers  # as the server loads it
+        tuning = SessionTuning(stop_spinning_after_run=True) if solo else SessionTuning()
         self.runtimes = [
-            create_runtime(path, device, self.threads, disabled_optimizers=disabled, variant=variant)
+            create_runtime(path, device, self.threads, tuning, disabled_optimizers=disabled, variant=variant)
             for _ in range(max(1, instances))
         ]
         self.runtime, self.task = self.runtimes[0], self.manifest.task

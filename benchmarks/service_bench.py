@@ -222,15 +222,16 @@ def run_server(name: str, endpoint: str, entry: dict[str, Any], args, reference:
 
 
 def model_only(bundle: Path, endpoint: str, args, served: dict[str, int]) -> dict[str, Any]:
-    """ORT alone on the same payloads. One request: the server's session (its threads). Batched:
-    the best over batch sizes and layouts (one session with every core; one single-threaded
-    session per core side by side; the server's own)."""
+    """ORT alone on the same payloads. One request: the session the server runs it on (its solo
+    session, with every core, where it has one). Batched: the best over batch sizes and layouts (one
+    session with every core; one single-threaded session per core side by side; the server's own)."""
     from benchmarks.model_only import BundleModel, batched_reference, single_request_reference
 
     rng = random.Random(0)  # the same payload pool the load generator draws from
     payloads = [make_payload(endpoint, rng) for _ in range(loadgen.POOL_SIZE)]
     cores = available_cores()
-    single = BundleModel(bundle, VARIANT, served["threads"])
+    solo = served.get("solo_threads")
+    single = BundleModel(bundle, VARIANT, solo or served["threads"], solo=bool(solo))
     batched = {}
     for instances, threads in sorted({(served["instances"], served["threads"]), (1, cores), (cores, 1)}):
         model = BundleModel(bundle, VARIANT, threads, instances)
@@ -240,6 +241,7 @@ def model_only(bundle: Path, endpoint: str, args, served: dict[str, int]) -> dic
         "variant": VARIANT,
         "cores": cores,
         "threads": served["threads"],
+        "single_request_threads": single.threads,
         "single_request": single_request_reference(single, payloads, args.model_seconds),
         "batched": batched[best],
         "batched_layout": best,
@@ -268,7 +270,11 @@ def run_endpoint(endpoint: str, entry: dict[str, Any], names: list[str], args) -
     ours = entry["servers"].get("ours", {})
     if "models" in ours:
         (model,) = [m for m in ours["models"]["models"] if m["status"] == "ready"]
-        served = {"instances": model.get("instances") or 1, "threads": model["intra_op_threads"]}
+        served = {
+            "instances": model.get("instances") or 1,
+            "threads": model["intra_op_threads"],
+            "solo_threads": model.get("solo_threads"),
+        }
         print("  model-only ORT reference", flush=True)
         entry["model_only"] = model_only(Path(entry["bundle"]), endpoint, args, served)
     entry["targets"] = service_report.targets(entry)

@@ -179,8 +179,9 @@ def markdown(report: dict[str, Any]) -> str:
         if ref:
             lines += [
                 "",
-                f"Bare model ({ref['variant']}); one request alone on the server's session "
-                f"({ref['threads']} threads): p50 {ref['single_request']['p50_ms']} ms. Length-sorted full "
+                f"Bare model ({ref['variant']}); one request alone on the session the server runs it on "
+                f"({ref.get('single_request_threads', ref['threads'])} threads): p50 "
+                f"{ref['single_request']['p50_ms']} ms. Length-sorted full "
                 f"batches ({ref['batched']['sequences_per_request']} sequences per request), by layout "
                 "(sessions x threads each):",
                 "",

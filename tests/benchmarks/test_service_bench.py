@@ -3,6 +3,7 @@ and the peers' parts that need no peer installed: protocols, answer comparison, 
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import subprocess
@@ -115,6 +116,21 @@ def test_model_only_references_on_a_tiny_bundle(tiny_bundles, regression_bundle)
     assert batched["sequences_per_request"] >= 1
     with pytest.raises(ValueError, match="no 'fp16' variant"):
         BundleModel(regression_bundle, "fp16")  # fp32 + int8 only
+
+
+def test_the_one_request_reference_runs_on_the_session_a_lone_request_meets(tiny_bundles):
+    # The server runs a lone request on its solo session (every core), not on one instance's.
+    args = argparse.Namespace(model_seconds=0.02)
+    bundle = tiny_bundles["classify"]
+    solo = service_bench.model_only(
+        bundle, "classify", args, {"instances": 2, "threads": 1, "solo_threads": 2}
+    )
+    assert solo["single_request_threads"] == 2 and solo["threads"] == 1
+    assert solo["single_request"]["p50_ms"] > 0
+    alone = service_bench.model_only(
+        bundle, "classify", args, {"instances": 1, "threads": 1, "solo_threads": None}
+    )
+    assert alone["single_request_threads"] == 1
 
 
 def test_batched_reference_runs_instances_side_by_side(tiny_bundles):

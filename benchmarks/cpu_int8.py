@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.runtime import SessionTuning, session_options
+from app.engine.runtime import SessionTuning, create_runtime
 from benchmarks import bench_common as common
 from benchmarks.cpu_mask import MASKED_MARK
 from export.int8_precision import cpu_flags
@@ -43,19 +43,14 @@ class Candidate:
         self.name, self.path = name, bundle / variant.file
         self.disabled = list(variant.disabled_optimizers or [])
 
-    def options(self, threads: int):
-        """As the service's solo session (app/engine/loader.py): its threads spin inside a run, never
-        after it. Left spinning, one candidate's threads held the cores through the next one's first
-        4-5 runs and doubled their time (docs/performance.md, section 7)."""
-        options = session_options(threads, SessionTuning(stop_spinning_after_run=True), self.name)
-        options.log_severity_level = 3
-        return options
-
     def session(self, threads: int):
-        import onnxruntime as ort
-
-        extra = {"disabled_optimizers": self.disabled} if self.disabled else {}
-        return ort.InferenceSession(str(self.path), self.options(threads), ["CPUExecutionProvider"], **extra)
+        """As the service opens its solo session (app/engine/runtime.py): its threads spin inside a
+        run, never after it. Left spinning, one candidate's threads held the cores through the next
+        one's first 4-5 runs and doubled their time (docs/performance.md, section 7)."""
+        tuning = SessionTuning().solo()
+        return create_runtime(
+            self.path, "cpu", threads, tuning, disabled_optimizers=self.disabled, variant=self.name
+        ).session
 
 
 def candidates(bundle: Path) -> list[Candidate]:

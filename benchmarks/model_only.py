@@ -55,7 +55,7 @@ class BundleModel:
         self.tokenizer = TextTokenizer.from_dir(self.path)
         path = self.manifest.variant_path(self.path, variant)
         disabled = self.manifest.variants[variant].disabled_optimizers  # as the server loads it
-        tuning = SessionTuning(stop_spinning_after_run=True) if solo else SessionTuning()
+        tuning = SessionTuning().solo() if solo else SessionTuning()
         self.runtimes = [
             create_runtime(path, device, self.threads, tuning, disabled_optimizers=disabled, variant=variant)
             for _ in range(max(1, instances))

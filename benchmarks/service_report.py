@@ -180,7 +180,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines += [
                 "",
                 f"Bare model ({ref['variant']}); one request alone on the session the server runs it on "
-                f"({ref.get('single_request_threads', ref['threads'])} threads): p50 "
+                f"({ref['single_request_threads']} threads): p50 "
                 f"{ref['single_request']['p50_ms']} ms. Length-sorted full "
                 f"batches ({ref['batched']['sequences_per_request']} sequences per request), by layout "
                 "(sessions x threads each):",

@@ -16,7 +16,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,10 +144,7 @@ def build(
             )
             solo = None
             if plan.solo_threads:
-                # Spins while it runs (a lone request gets the whole machine's latency), never after.
-                solo = opened(
-                    plan.solo_threads, replace(plan.tuning, spinning=True, stop_spinning_after_run=True)
-                )
+                solo = opened(plan.solo_threads, plan.tuning.solo())
             sessions = [opened(plan.threads, plan.tuning) for _ in range(plan.instances)]
             bundle.runtime = RuntimePool(sessions, solo)
     del model_bytes, tokenizer_files

@@ -12,7 +12,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +162,7 @@ class SessionTuning:
     """
 
     spinning: bool = True  # idle intra-op threads spin; off when several sessions share the cores
-    # Spin only inside a run: between runs the threads sleep instead of holding cores that other
-    # sessions of the model need (the solo session below).
-    stop_spinning_after_run: bool = False
+    stop_spinning_after_run: bool = False  # between runs sleep, leaving the cores to other sessions
     mem_pattern: bool = True
     cpu_arena: bool = True
     arena_shrinkage: bool = False  # give the arena's free chunks back after large runs
@@ -172,6 +170,10 @@ class SessionTuning:
     # batches then reuse the arena's pages instead of faulting fresh ones in on every run, while
     # a rare large batch still hands its peak back.
     shrink_above_tokens: int = 0
+
+    def solo(self) -> SessionTuning:
+        """The solo session's: spins while it runs (a lone request gets every core), never after."""
+        return replace(self, spinning=True, stop_spinning_after_run=True)
 
 
 class OrtRuntime:

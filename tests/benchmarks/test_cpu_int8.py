@@ -36,7 +36,7 @@ def test_the_served_path_is_batch_invariant_and_close_to_fp32(built):
 def test_candidates_open_as_the_solo_session_whose_threads_stop_spinning_after_a_run(built):
     # Left spinning, one candidate's idle threads took the cores from the next one's timed runs.
     for candidate in built[0]:
-        options = candidate.options(2)
+        options = candidate.session(2).get_session_options()
         assert options.intra_op_num_threads == 2
         assert options.get_session_config_entry("session.force_spinning_stop") == "1"
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.runtime import CPU_BATCH_TOKENS, SessionTuning, create_runtime
-from app.settings import available_cores
+from app.engine.registry import session_tuning
+from app.engine.runtime import CPU_BATCH_TOKENS, create_runtime
+from app.settings import Settings, available_cores
 from benchmarks.bench_common import timed
 from benchmarks.loadgen import percentiles
 from export.bundle import DEFAULT_QA, load_bundle_manifest
@@ -55,7 +56,8 @@ class BundleModel:
         self.tokenizer = TextTokenizer.from_dir(self.path)
         path = self.manifest.variant_path(self.path, variant)
         disabled = self.manifest.variants[variant].disabled_optimizers  # as the server loads it
-        tuning = SessionTuning().solo() if solo else SessionTuning()
+        tuning = session_tuning(Settings(), max(1, instances))  # the server's, under this environment
+        tuning = tuning.solo() if solo else tuning
         self.runtimes = [
             create_runtime(path, device, self.threads, tuning, disabled_optimizers=disabled, variant=variant)
             for _ in range(max(1, instances))

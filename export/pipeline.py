@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import astuple
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,7 @@ def export_bundle(
             variants={
                 v: VariantInfo(
                     FILES[v],
-                    *_hash(run.paths[v]),
+                    *astuple(file_info(run.paths[v])),  # sha256, bytes
                     PRECISION[v],
                     DEVICE[v],
                     run.disabled_optimizers.get(v, []),
@@ -244,6 +245,7 @@ class _Run:
         self.base = "fp32"  # the graph int8 / fp16 start from
         self.disabled_optimizers: dict[str, list[str]] = {}  # per variant, for its sessions
         self.cpu_source_report: dict[str, Any] = {}
+        self.outliers: dict[tuple, dict] = {}  # (k, batches' source) -> channels, for every rowwise variant
 
     def fp32(self, model, opset: int, max_seq_len: int) -> None:
         self.log(f"exporting {self.task} head to ONNX (opset {opset}, TorchScript exporter)")
@@ -326,8 +328,10 @@ class _Run:
             recipe = dict(ROWWISE_RECIPES.get(self.task, {}))
             disabled = self.disabled_optimizers.get(variant, ())
             if recipe.get("outlier_channels"):
-                k = recipe.pop("outlier_channels")
-                recipe["outliers"] = calibration.outlier_channels(graph, batches, k, disabled)
+                key = (recipe.pop("outlier_channels"), source)
+                if key not in self.outliers:
+                    self.outliers[key] = calibration.outlier_channels(graph, batches, key[0], disabled)
+                recipe["outliers"] = self.outliers[key]
             recipe["pair_budget"] = PAIR_BUDGET[variant]
             if recipe["pair_budget"] is not None and self.avx2_rounding == "feedback":
                 text = calibration.text_batches(self.task, self.tokenizer, max_seq_len)
@@ -391,11 +395,6 @@ class _Run:
             if v not in self.wanted:
                 self.paths[v].unlink(missing_ok=True)
                 self.verification.pop(v, None)
-
-
-def _hash(path: Path) -> tuple[str, int]:
-    info = file_info(path)
-    return info.sha256, info.bytes
 
 
 def _move_into_place(stage: Path, out_dir: Path) -> None:

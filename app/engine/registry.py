@@ -35,6 +35,19 @@ from export.bundle import MANIFEST_NAME, BundleError, load_bundle_manifest
 log = logging.getLogger("app.registry")
 
 
+def session_tuning(settings: Settings, sessions: int) -> SessionTuning:
+    """The ORT_* settings as every model session's tuning, `sessions` of them sharing the cores (the
+    solo session adds `.solo()`); benchmarks.model_only opens its reference sessions with it too."""
+    return SessionTuning(
+        spinning={"on": True, "off": False}.get(settings.ort_spinning, sessions <= 1),
+        mem_pattern=settings.ort_mem_pattern,
+        cpu_arena=settings.ort_cpu_arena,
+        # Shrinking applies to the arena only: without one ORT refuses the run option.
+        arena_shrinkage=settings.ort_arena_shrinkage and settings.ort_cpu_arena,
+        shrink_above_tokens=settings.ort_shrink_above_tokens,
+    )
+
+
 class ConfigError(RuntimeError):
     """MODELS_DIR / DEFAULT_BUNDLES / DEVICE cannot be served as configured: refuse to start."""
 
@@ -142,14 +155,7 @@ class Registry(ModelTable):
         serving = sum(m.status not in ("unloaded", "failed") for m in self.models.values())
         instances = resolve_instances(self.settings.model_instances, self.device, cores)
         sessions = serving * instances
-        tuning = SessionTuning(
-            spinning={"on": True, "off": False}.get(self.settings.ort_spinning, sessions <= 1),
-            mem_pattern=self.settings.ort_mem_pattern,
-            cpu_arena=self.settings.ort_cpu_arena,
-            # Shrinking applies to the arena only: without one ORT refuses the run option.
-            arena_shrinkage=self.settings.ort_arena_shrinkage and self.settings.ort_cpu_arena,
-            shrink_above_tokens=self.settings.ort_shrink_above_tokens,
-        )
+        tuning = session_tuning(self.settings, sessions)
         # Several single-core sessions: a batch alone on the device may have every core.
         solo = self.threads * instances if self.settings.solo_session and self.device == "cpu" else 0
         if instances < 2 or solo > cores:

@@ -133,6 +133,20 @@ def test_the_one_request_reference_runs_on_the_session_a_lone_request_meets(tiny
     assert alone["single_request_threads"] == 1
 
 
+def test_the_bare_model_opens_its_sessions_with_the_servers_ort_settings(tiny_bundles, monkeypatch):
+    # One rule (app.engine.registry.session_tuning): the server turns memory patterns off by default.
+    def options(**kwargs):
+        return BundleModel(
+            tiny_bundles["classify"], "fp32", threads=2, **kwargs
+        ).runtime.session.get_session_options()
+
+    assert not options().enable_mem_pattern
+    assert options(instances=2).get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options(solo=True).get_session_config_entry("session.force_spinning_stop") == "1"
+    monkeypatch.setenv("ORT_MEM_PATTERN", "true")
+    assert options().enable_mem_pattern
+
+
 def test_batched_reference_runs_instances_side_by_side(tiny_bundles):
     payloads = [make_payload("classify", random.Random(1)) for _ in range(6)]
     model = BundleModel(tiny_bundles["classify"], "fp32", threads=1, instances=2)

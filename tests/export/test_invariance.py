@@ -220,6 +220,20 @@ def test_embed_bundles_use_the_outlier_recipe_and_the_others_do_not(app_bundles)
     assert avx2["embed"]["outlier_channels"]["per_input"] == 16
 
 
+def test_the_outlier_channels_are_found_once_for_both_rowwise_variants(tiny_models, tmp_path, monkeypatch):
+    from export import pipeline
+
+    found = []
+    real = pipeline.calibration.outlier_channels
+    monkeypatch.setattr(
+        pipeline.calibration, "outlier_channels", lambda *a, **k: found.append(1) or real(*a, **k)
+    )
+    variants = ("int8-rowwise", "int8-rowwise-avx2")
+    export_bundle(tiny_models.checkpoint("embed"), tmp_path / "b", variants=variants, max_seq_len=32)
+    quantization = load_bundle_manifest(tmp_path / "b").quantization
+    assert len(found) == 1 and all(quantization[v]["outlier_channels"]["per_input"] for v in variants)
+
+
 def test_export_fails_when_the_invariant_variant_is_not(checkpoints, tmp_path, monkeypatch):
     # As if the rewrite had produced ORT's batch-dependent graph: the export must refuse it.
     monkeypatch.setattr(

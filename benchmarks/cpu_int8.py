@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.runtime import SessionTuning, create_runtime
+from app.engine.registry import session_tuning
+from app.engine.runtime import create_runtime
+from app.settings import Settings
 from benchmarks import bench_common as common
 from benchmarks.cpu_mask import MASKED_MARK
 from export.int8_precision import cpu_flags
@@ -47,7 +49,7 @@ class Candidate:
         """As the service opens its solo session (app/engine/runtime.py): its threads spin inside a
         run, never after it. Left spinning, one candidate's threads held the cores through the next
         one's first 4-5 runs and doubled their time (docs/performance.md, section 7)."""
-        tuning = SessionTuning().solo()
+        tuning = session_tuning(Settings(), 1).solo()  # the server's ORT_* settings, as its solo session
         return create_runtime(
             self.path, "cpu", threads, tuning, disabled_optimizers=self.disabled, variant=self.name
         ).session

@@ -39,6 +39,7 @@ def test_candidates_open_as_the_solo_session_whose_threads_stop_spinning_after_a
         options = candidate.session(2).get_session_options()
         assert options.intra_op_num_threads == 2
         assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+        assert not options.enable_mem_pattern  # the server's default (ORT_MEM_PATTERN)
 
 
 def test_invariance_catches_a_row_that_moves_with_its_batch(built, tiny_bundles):

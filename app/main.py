@@ -39,6 +39,8 @@ from app.api.middleware import (
 from app.api.remote import FrontTable, RemoteControl, RemoteEngine
 from app.api.routes import open_router, router
 from app.api.serving.services import make_service
+from app.api.tei_routes import open_router as tei_open_router
+from app.api.tei_routes import router as tei_router
 from app.api.v2_routes import router as v2_router
 from app.engine.client import Engine
 from app.engine.control import ModelControl
@@ -189,6 +191,8 @@ def create_app(settings: Settings | None = None, engine_socket: str | None = Non
     install_error_handlers(app)
     app.include_router(router)  # behind the key when one is set: AuthMiddleware
     app.include_router(open_router)
+    app.include_router(tei_router)
+    app.include_router(tei_open_router)
     app.include_router(v2_router)
     app.include_router(admin_router)
     # Added innermost first: the request-context middleware wraps everything, CORS headers

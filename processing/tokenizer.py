@@ -258,6 +258,10 @@ class TextTokenizer:
             for i, (start, stop), added in zip(ids, offsets, special, strict=True)
         ]
 
+    def decode(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """Each sequence of ids back to text, by the tokenizer's own decoder (ids < vocab_size)."""
+        return self.tokenizer.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
+
     # ------------------------------------------------------------------ assembling
 
     def layout(self, pair: bool) -> Layout:

@@ -82,6 +82,12 @@ CHECKS: list[tuple[str, dict[str, Any], Callable[[Any], bool]]] = [
         lambda r: [x["index"] for x in r][0] == 1 and r[0]["score"] > 0.5 > r[-1]["score"],
     ),
     (
+        "",  # TEI's default route, as huggingface_hub's InferenceClient sends to it
+        {"inputs": "A man is playing a guitar.", "parameters": {"normalize": False}},
+        lambda r: len(r) == 1 and len(r[0]) == 384 and abs(sum(x * x for x in r[0]) - 1) > 1e-2,
+    ),
+    ("decode", {"ids": [101, 3000, 1010, 2605, 102]}, lambda r: r == ["paris, france"]),
+    (
         "v1/rerank",
         {"query": "Where is the Eiffel Tower?", "documents": RERANK_TEXTS, "top_n": 1},
         lambda r: [x["index"] for x in r["results"]] == [1] and r["model"] == "rerank-minilm",

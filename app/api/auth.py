@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pydantic import SecretStr
 
 ADMIN_PREFIX = "/admin/"
-# Never behind the key: probes, metrics, the docs and the V2 server's health and metadata.
-OPEN_PATHS = {"/health", "/ready", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready"}
+# Never behind the key: probes (SageMaker's /ping too), metrics, the docs and the V2
+# server's health and metadata.
+OPEN_PATHS = {"/health", "/ready", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready", "/ping"}
 OPEN_PREFIXES = ("/docs", "/redoc", "/openapi.json", "/static-offline-docs/")
 V2_READY_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?/ready$")
 

@@ -145,6 +145,8 @@ V2_RESPONSES: dict[int | str, dict[str, Any]] = {
 MODELS_RESPONSES: dict[int | str, dict[str, Any]] = {401: TASK_RESPONSES[401]}
 # /tokenize runs no model: no queue (429) and no deadline (504).
 TOKENIZE_RESPONSES = {code: TASK_RESPONSES[code] for code in (400, 401, 404, 413, 422, 503)}
+# TEI's /info: a model by name, no body.
+INFO_RESPONSES = {code: TASK_RESPONSES[code] for code in (401, 404, 503)}
 ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
     **{code: TASK_RESPONSES[code] for code in (401, 503)},
     404: {

@@ -43,6 +43,7 @@ KNOWN_PATHS = set(TASK_PATHS) | {
     "/models",
     "/v1/models",
     "/tokenize",
+    *("/", "/invocations", "/info", "/decode", "/ping"),  # text-embeddings-inference's (tei_routes.py)
     "/docs",
     "/openapi.json",
     "/redoc",
@@ -50,7 +51,7 @@ KNOWN_PATHS = set(TASK_PATHS) | {
     "/v2/health/live",
     "/v2/health/ready",
 }
-QUIET_PATHS = {"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"}
+QUIET_PATHS = {"/health", "/ready", "/metrics", "/ping", "/v2/health/live", "/v2/health/ready"}
 MODEL_SCOPE_KEY = "bert.model"  # set by the route to the model that served the request
 # /v2/models/{name}[/versions/{version}][/ready | /infer]: labelled by the route, never the raw name.
 V2_MODEL_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?(?P<verb>/ready|/infer)?$")

@@ -1,11 +1,11 @@
 """The service's own requests and answers, beside the tasks': errors, liveness, readiness, /models,
-/tokenize and the admin routes."""
+/tokenize, TEI's /decode and /info (app/api/tei_routes.py) and the admin routes."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, StrictBool, WithJsonSchema
 
 from app.api.native_schemas import ModelName, Strict, Text
 
@@ -144,3 +144,77 @@ class TokenOut(BaseModel):
     special: bool = Field(description="Added by the tokenizer ([CLS], [SEP]), not read from the text")
     start: int | None = Field(description="Character offset, inclusive; null for a special token")
     stop: int | None = Field(description="Character offset, exclusive; null for a special token")
+
+
+# ----------------------------------------------------------------------------- decode, info
+
+
+def _check_ids(value: list[Any]) -> list[Any]:
+    nested = bool(value) and isinstance(value[0], list)
+    for n, ids in enumerate(value if nested else [value]):
+        if not isinstance(ids, list) or not ids:
+            raise ValueError(f"ids.{n} must be a non-empty list of token ids")
+        for k, token in enumerate(ids):
+            if type(token) is not int or token < 0:  # not bool, not float
+                where = f"ids.{n}.{k}" if nested else f"ids.{k}"
+                raise ValueError(f"{where} is {token!r}: a token id is an integer from 0")
+    return value
+
+
+_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+TokenIds = Annotated[
+    list[Any],
+    Field(min_length=1),
+    AfterValidator(_check_ids),
+    WithJsonSchema({"anyOf": [_IDS_SCHEMA, {"type": "array", "items": _IDS_SCHEMA, "minItems": 1}]}),
+]
+
+
+class DecodeRequest(Strict):
+    """TEI's /decode, with the `model` field of /tokenize."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [{"ids": [7, 8, 9]}, {"ids": [[7, 8], [9]], "skip_special_tokens": False}]
+        },
+    )
+    ids: TokenIds = Field(description="One sequence of token ids, or a list of them")
+    skip_special_tokens: StrictBool = Field(True, description="Leave out [CLS], [SEP], [PAD] and the like")
+    model: ModelName | None = Field(
+        None, description="Whose tokenizer (a name from /models); default: any, when all models share one"
+    )
+
+    @property
+    def sequences(self) -> list[list[int]]:
+        return self.ids if isinstance(self.ids[0], list) else [self.ids]
+
+
+class DecodeResponse(RootModel[list[str]]):
+    """One text per sequence of ids, in order (TEI's bare list)."""
+
+
+class TEIInfo(BaseModel):
+    """TEI's /info for one model; `model_type` has TEI's three kinds (embedding, classifier,
+    reranker), and this service's task name for the others."""
+
+    model_id: str = Field(description="The model's name here")
+    model_sha: str | None = Field(description="The serving version")
+    model_dtype: str = Field(description="The served variant's precision: float32, float16 or int8")
+    model_type: dict[str, dict[str, Any]] = Field(
+        description='{"embedding": {"pooling": "mean"}}, {"classifier": {"id2label": ..., "label2id": ...}}, '
+        '{"reranker": ...}, or {task: {...}}'
+    )
+    max_concurrent_requests: int = Field(description="MAX_IN_FLIGHT")
+    max_input_length: int = Field(description="Tokens the model reads at most, [CLS] and [SEP] included")
+    max_batch_tokens: int | None = Field(description="Padded tokens a batch holds at most")
+    max_batch_requests: int = Field(description="MAX_BATCH_SIZE: work items a batch holds at most")
+    max_client_batch_size: int = Field(description="MAX_BATCH_ITEMS: inputs one request may send")
+    auto_truncate: bool = Field(
+        description="Long inputs are cut (or windowed) unless a request says otherwise"
+    )
+    tokenization_workers: int = Field(description="Front-end processes, each tokenizing (API_SERVERS)")
+    version: str
+    sha: str | None = None
+    docker_label: str | None = None

@@ -15,10 +15,18 @@ from pydantic import (
     RootModel,
     StrictBool,
     WithJsonSchema,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from app.api.native_schemas import NOT_ONLY_WHITESPACE, Request, Strict, Text, _check_text
+from app.api.native_schemas import (
+    NOT_ONLY_WHITESPACE,
+    ClassifyTopK,
+    Request,
+    Strict,
+    Text,
+    _check_text,
+)
 
 # ----------------------------------------------------------------------------- embeddings
 # Three protocols, one service (EmbedService): text-embeddings-inference's /embed and /similarity,
@@ -49,6 +57,36 @@ Texts = Annotated[
 ]
 
 
+class InferenceParameters(BaseModel):
+    """Hugging Face's Inference API sends a task's options apart, `{"inputs": ..., "parameters": {...}}`,
+    and huggingface_hub's InferenceClient always does (`{}` when none is set). They are the route's own
+    fields, lifted beside `inputs`; one the route lacks is refused under its full name
+    (`parameters.top_k`), where TEI would silently drop them all."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_parameters(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "parameters" not in data:
+            return data
+        lifted = {key: value for key, value in data.items() if key != "parameters"}
+        parameters = data["parameters"]
+        if parameters is None:
+            return lifted
+        if not isinstance(parameters, dict):
+            raise PydanticCustomError(
+                "parameters_type", "parameters must be an object of the route's options"
+            )
+        for key, value in parameters.items():
+            # An unknown key stays under its dotted name, which extra="forbid" then refuses by name.
+            name = key if key in cls.model_fields and key != "inputs" else f"parameters.{key}"
+            if name in lifted and lifted[name] != value:
+                raise PydanticCustomError(
+                    "parameters_conflict", "{key} is given twice, with different values", {"key": key}
+                )
+            lifted[name] = value
+        return lifted
+
+
 class EmbedOptions(Request):
     truncate: StrictBool | None = Field(
         None,
@@ -66,7 +104,7 @@ class EmbedOptions(Request):
     )
 
 
-class EmbedTextsRequest(EmbedOptions):
+class EmbedTextsRequest(EmbedOptions, InferenceParameters):
     """TEI's /embed_sparse and /embed_all; /embed adds `normalize`."""
 
     model_config = ConfigDict(
@@ -92,7 +130,7 @@ class SimilarityInputs(Strict):
     sentences: list[Text] = Field(min_length=1)
 
 
-class SimilarityRequest(EmbedOptions):
+class SimilarityRequest(EmbedOptions, InferenceParameters):
     model_config = ConfigDict(
         extra="forbid",
         protected_namespaces=(),
@@ -136,7 +174,7 @@ class PairOptions(Request):
     )
 
 
-class RerankRequest(PairOptions):
+class RerankRequest(PairOptions, InferenceParameters):
     """text-embeddings-inference's /rerank."""
 
     model_config = ConfigDict(
@@ -216,7 +254,7 @@ PredictInputs = Annotated[
 ]
 
 
-class PredictRequest(PairOptions):
+class PredictRequest(PairOptions, InferenceParameters):
     """text-embeddings-inference's /predict, with the `model` field of every route here."""
 
     model_config = ConfigDict(
@@ -230,6 +268,9 @@ class PredictRequest(PairOptions):
         },
     )
     inputs: PredictInputs
+    top_k: ClassifyTopK | None = Field(
+        None, description="Only the k best labels per input (Hugging Face's text-classification option)"
+    )
 
     @property
     def batch(self) -> bool:

@@ -96,15 +96,16 @@ async def infinity_rerank(
 
 
 async def predict(service: ClassifyService, request: PredictRequest, timings: Timings) -> PredictResponse:
-    """TEI's /predict: every label's score, best first, per input."""
+    """TEI's /predict: every label's score (or the top_k best), best first, per input."""
     pairs, names = request.sequences()
     service.check_count(len(pairs), "inputs")
+    service.check_top_k(request.top_k)
     done = await service.classify(pairs, names, timings, truncate=request.truncate)
     rows = []
     for c in done:
         raw = request.raw_scores and c.result.value is None  # a regression's value is already raw
         scores = classify_proc.label_logits(c.logits, service.labels) if raw else c.result.scores
-        rows.append([Prediction(score=s.score, label=s.label) for s in scores])
+        rows.append([Prediction(score=s.score, label=s.label) for s in scores][: request.top_k])
     reply = PredictResponse(rows if request.batch else rows[0])
     note(done, timings)
     return reply

@@ -85,6 +85,11 @@ class ClassifyService(TaskService):
                 field,
             )
 
+    def check_top_k(self, top_k: int | None) -> None:
+        n_labels = 1 if self.regression else len(self.labels)
+        if top_k is not None and top_k > n_labels:
+            raise InvalidInput(f"top_k must be between 1 and {n_labels} (the labels)", "top_k")
+
     def _validate(self, request: ClassifyRequest) -> tuple[list[Pair], list[Names]]:
         if request.inputs is not None:
             self.check_count(len(request.inputs), "inputs")
@@ -93,9 +98,7 @@ class ClassifyService(TaskService):
         else:
             assert request.text is not None
             pairs, prefixes = [(request.text, request.text_pair)], [""]
-        n_labels = 1 if self.regression else len(self.labels)
-        if request.top_k is not None and request.top_k > n_labels:
-            raise InvalidInput(f"top_k must be between 1 and {n_labels} (the labels)", "top_k")
+        self.check_top_k(request.top_k)
         return pairs, [(f"{prefix}text", f"{prefix}text_pair") for prefix in prefixes]
 
     def _encode(

@@ -1,5 +1,6 @@
-"""The official `openai` client and LangChain's OpenAIEmbeddings against a live server (uvicorn on
-loopback, the session's tiny bundles): what they send by default must work as they expect."""
+"""Real clients against a live server (uvicorn on loopback, the session's tiny bundles): the official
+`openai` client, LangChain's OpenAIEmbeddings and huggingface_hub's InferenceClient (TEI's client).
+What they send by default must work as they expect."""
 
 from __future__ import annotations
 
@@ -46,3 +47,27 @@ def test_langchain_openai_embeddings(keyless_live):
         )
         np.testing.assert_allclose(embeddings.embed_documents(TEXTS), expected, atol=1e-6)
         np.testing.assert_allclose(embeddings.embed_query(TEXTS[1]), expected[1], atol=1e-6)
+
+
+def test_huggingface_hub_inference_client_at_the_root(keyless_live):
+    hub = pytest.importorskip("huggingface_hub")
+    url = keyless_live.url
+    client = hub.InferenceClient(model=url, provider="hf-inference")  # the root, as for a TEI server
+    assert client.health_check()
+    assert client.get_endpoint_info()["model_type"] == {"embedding": {"pooling": "mean"}}
+    np.testing.assert_allclose(client.feature_extraction(TEXTS[0]), embed(url, TEXTS[:1]), atol=1e-6)
+    raw = httpx.post(f"{url}/embed", json={"inputs": TEXTS[0], "normalize": False}, timeout=30).json()
+    # Its options travel in `parameters`, honoured here (TEI drops them).
+    np.testing.assert_allclose(client.feature_extraction(TEXTS[0], normalize=False), raw, atol=1e-6)
+    assert abs(np.linalg.norm(raw) - 1) > 1e-3
+    vectors = embed(url, TEXTS + ["a terrible film"])
+    similarity = client.sentence_similarity(TEXTS[0], [TEXTS[1], "a terrible film"])
+    np.testing.assert_allclose(similarity, vectors[1:] @ vectors[0], atol=1e-5)
+    # A named route: TEI's /predict, with Hugging Face's top_k.
+    predict = hub.InferenceClient(model=f"{url}/predict", provider="hf-inference")
+    best = httpx.post(f"{url}/predict", json={"inputs": TEXTS[0]}, timeout=30).json()[0]
+    # TEI's flat list for one input: the client gives its first element, the best label.
+    assert predict.text_classification(TEXTS[0], top_k=1).label == best["label"]
+    with pytest.raises(hub.errors.HfHubHTTPError) as refused:  # an option /predict lacks: named
+        predict.text_classification(TEXTS[0], function_to_apply="none")
+    assert "parameters.function_to_apply" in refused.value.response.text

@@ -1,0 +1,185 @@
+"""text-embeddings-inference's routes beyond the task routes: /info, /decode, and its default route,
+POST / (and SageMaker's /invocations), which a client pointed at the server's root calls
+(huggingface_hub's InferenceClient("http://host:8000")); GET / and /ping answer liveness, as TEI's do.
+
+TEI serves one model, whose kind picks what POST / does. Here the body's `model` picks the model, else
+`root_model`'s rule; a body shaped for /rerank (`query`) or /similarity (`inputs` an object) goes there,
+as TEI matches reranking by shape.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.routing import APIRoute
+
+from app.api.error_table import INFO_RESPONSES, TASK_RESPONSES, TOKENIZE_RESPONSES
+from app.api.lean_route import LeanRoute
+from app.api.routes import health, run_leased, state_of
+from app.api.routes import router as task_router
+from app.api.service_schemas import DecodeRequest, DecodeResponse, HealthResponse, TEIInfo
+from app.api.serving.task_service import cpu_step
+from app.errors import InvalidInput, NoModel, TooManyInputs
+from processing.tasks import TASKS
+
+if TYPE_CHECKING:
+    from app.engine.table import Bundle, Model, ModelTable
+
+router = APIRouter(route_class=LeanRoute)
+open_router = APIRouter()
+
+ROOT_TASKS = ("embed", "sparse", "classify")  # whose default POST / serves, in this order
+DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}  # TEI's names for the precisions
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def root_model(registry: ModelTable, name: str | None) -> Model:
+    """The model POST / and /info answer for: `name`; else the embedding default, the sparse one or
+    the classify one, the first there is."""
+    if name is not None:
+        return registry.resolve(None, name)
+    for task in ROOT_TASKS:
+        default = registry.default_name(task)
+        if default is not None:
+            return registry.resolve(task, default)
+    raise NoModel(
+        "no embedding, sparse or classify default to answer at the root: name a model in the 'model' "
+        "field, or use the task's route"
+    )
+
+
+def tei_path(model: Model) -> str:
+    """The route TEI's default route is for a model of this kind (another task: its own route)."""
+    if model.task == "classify":
+        return "/rerank" if model.reranker else "/predict"
+    return {"embed": "/embed", "sparse": "/embed_sparse"}.get(model.task or "", TASKS[model.task or ""].path)
+
+
+def root_path(registry: ModelTable, raw: bytes) -> str:
+    try:
+        top = _TOP.decode(raw)
+    except msgspec.DecodeError:
+        top = {}  # not a JSON object: the default model's route words the error
+    if "query" in top:
+        return "/rerank"
+    if bytes(top.get("inputs", b"")).lstrip()[:1] == b"{":
+        return "/similarity"
+    name = None
+    if "model" in top:
+        try:
+            name = msgspec.json.decode(top["model"], type=str)
+        except msgspec.DecodeError:
+            pass  # not a string: the default model's route refuses the field by name
+    return tei_path(root_model(registry, name))
+
+
+@functools.cache
+def _route(path: str) -> tuple[APIRoute, Any]:
+    """The task router's POST route at `path`, and its request handler."""
+    route = next(
+        r for r in task_router.routes if isinstance(r, APIRoute) and r.path == path and "POST" in r.methods
+    )
+    return route, route.get_route_handler()
+
+
+@router.post(
+    "/",
+    responses=TASK_RESPONSES,
+    summary="text-embeddings-inference's default route: /embed, /predict, /rerank, /similarity or "
+    "/embed_sparse, by the body's shape and the model it names (else the embedding default)",
+)
+@router.post("/invocations", responses=TASK_RESPONSES, summary="SageMaker's name for POST /")
+async def default_route(request: Request) -> Response:
+    path = root_path(state_of(request).registry, await request.body())
+    route, handler = _route(path)
+    request.scope["route"] = route  # the answer is the target route's: its schema, cache key and errors
+    return await handler(request)
+
+
+@router.get(
+    "/info",
+    response_model=TEIInfo,
+    responses=INFO_RESPONSES,
+    summary="text-embeddings-inference's /info: the model POST / serves, or the one named",
+)
+async def info(
+    request: Request, model: str | None = Query(None, description="A name from /models")
+) -> TEIInfo:
+    state = state_of(request)
+    settings = state.settings
+    bundle = state.registry.serving(None, root_model(state.registry, model).name)
+    manifest = bundle.manifest
+    batcher = bundle.batcher
+    return TEIInfo(
+        model_id=bundle.name,
+        model_sha=bundle.version,
+        model_dtype=DTYPES.get(manifest.variants[bundle.variant].precision, "float32")
+        if bundle.variant
+        else "float32",
+        model_type=model_type(bundle, state.registry.models[bundle.name].reranker),
+        max_concurrent_requests=settings.max_in_flight,
+        max_input_length=manifest.max_seq_len,
+        max_batch_tokens=batcher.max_batch_tokens if batcher is not None else settings.max_batch_tokens,
+        max_batch_requests=settings.max_batch_size,
+        max_client_batch_size=settings.max_batch_items,
+        auto_truncate=True,  # unset, `truncate` follows CLASSIFY_LONG_TEXT: cut or windowed, never refused
+        tokenization_workers=settings.api_servers,
+        version=request.app.version,
+    )
+
+
+def model_type(bundle: Bundle, reranker: bool) -> dict[str, dict[str, Any]]:
+    manifest = bundle.manifest
+    if manifest.task in ("embed", "sparse"):
+        pooling = "splade" if manifest.task == "sparse" else (manifest.pooling or {}).get("mode", "mean")
+        return {"embedding": {"pooling": pooling}}
+    labels = {
+        "id2label": dict(enumerate(manifest.labels)),
+        "label2id": {n: i for i, n in enumerate(manifest.labels)},
+    }
+    if manifest.task == "classify":
+        return {"reranker" if reranker else "classifier": labels}
+    return {manifest.task: labels if manifest.labels else {}}
+
+
+@router.post(
+    "/decode",
+    response_model=DecodeResponse,
+    responses=TOKENIZE_RESPONSES,
+    summary="Token ids back to text, by a model's tokenizer (text-embeddings-inference's /decode)",
+)
+async def decode(body: DecodeRequest, request: Request, response: Response) -> Any:
+    state = state_of(request)
+    model = body.model or state.registry.shared_tokenizer_model()
+    sequences = body.sequences
+    if len(sequences) > state.settings.max_batch_items:
+        raise TooManyInputs(
+            f"ids has {len(sequences)} sequences; the limit is {state.settings.max_batch_items} "
+            "(MAX_BATCH_ITEMS)",
+            "ids",
+        )
+
+    async def work(bundle: Bundle, _: Any) -> list[str]:
+        tokenizer = bundle.tokenizer
+        assert tokenizer is not None
+        for n, ids in enumerate(sequences):
+            for k, token in enumerate(ids):
+                if token >= tokenizer.vocab_size:
+                    field = f"ids.{n}.{k}" if isinstance(body.ids[0], list) else f"ids.{k}"
+                    raise InvalidInput(
+                        f"{field} is {token}; the vocabulary of {bundle.name} has ids 0 to "
+                        f"{tokenizer.vocab_size - 1}",
+                        field,
+                    )
+        return await cpu_step(sum(map(len, sequences)), tokenizer.decode, sequences, body.skip_special_tokens)
+
+    return await run_leased(request, response, None, model, work)
+
+
+# TEI's liveness at the root (behind the key, as POST / is: the key rule goes by path), and
+# SageMaker's probe, never behind it, as /health.
+router.get("/", response_model=HealthResponse, summary="Liveness (text-embeddings-inference's GET /)")(health)
+open_router.get("/ping", response_model=HealthResponse, summary="Liveness (SageMaker's probe)")(health)

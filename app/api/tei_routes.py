@@ -51,11 +51,13 @@ def root_model(registry: ModelTable, name: str | None) -> Model:
     )
 
 
-def tei_path(model: Model) -> str:
+def tei_path(registry: ModelTable, model: Model) -> str:
     """The route TEI's default route is for a model of this kind (another task: its own route)."""
+    if model.task not in TASKS:
+        registry.serving(None, model.name)  # no task known yet: loading, or failed; says which
     if model.task == "classify":
         return "/rerank" if model.reranker else "/predict"
-    return {"embed": "/embed", "sparse": "/embed_sparse"}.get(model.task or "", TASKS[model.task or ""].path)
+    return {"embed": "/embed", "sparse": "/embed_sparse"}.get(model.task, TASKS[model.task].path)
 
 
 def root_path(registry: ModelTable, raw: bytes) -> str:
@@ -73,7 +75,7 @@ def root_path(registry: ModelTable, raw: bytes) -> str:
             name = msgspec.json.decode(top["model"], type=str)
         except msgspec.DecodeError:
             pass  # not a string: the default model's route refuses the field by name
-    return tei_path(root_model(registry, name))
+    return tei_path(registry, root_model(registry, name))
 
 
 @functools.cache

@@ -3,7 +3,7 @@ Inference API's `parameters` object on TEI's routes: what huggingface_hub's Infe
 
 from __future__ import annotations
 
-from .conftest import MAX_SEQ_LEN, serving
+from .conftest import MAX_SEQ_LEN, serving, wait_ready
 
 ROOT_CASES = [  # (body, the route it must answer as)
     ({"inputs": ["a great film", "boring"]}, "/embed"),
@@ -55,6 +55,18 @@ async def test_the_root_without_an_embedding_model_serves_the_classify_default(m
     async with serving(make_models_dir(("ner",))) as (_, client):
         alone = await client.post("/", json={"inputs": "a great film"})
     assert alone.status_code == 404 and "'model' field" in alone.json()["message"]
+
+
+async def test_the_root_names_a_broken_model_s_state(make_models_dir):
+    models = make_models_dir(("embed", "classify"))
+    (models / "classify" / "bundle.json").write_text("{not json", encoding="utf-8")  # no task known
+    async with serving(models, ready=False) as (_, client):
+        await wait_ready(client)
+        broken = await client.post("/", json={"inputs": "a", "model": "classify"})
+        info = await client.get("/info", params={"model": "classify"})
+        fine = await client.post("/", json={"inputs": "a"})
+    assert broken.status_code == 503 and broken.json()["error"] == "model_unavailable"
+    assert info.status_code == 503 and fine.status_code == 200
 
 
 async def test_inference_parameters_are_the_route_s_own_fields(served):

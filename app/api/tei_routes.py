@@ -87,13 +87,37 @@ def _route(path: str) -> tuple[APIRoute, Any]:
     return route, route.get_route_handler()
 
 
+# Any body of the routes POST / may pick (the OpenAPI page's "Try it out" sends the first example).
+ROOT_BODIES = ("EmbedRequest", "PredictRequest", "RerankRequest", "SimilarityRequest", "EmbedTextsRequest")
+ROOT_BODIES += ("NERRequest", "ChoiceRequest", "QARequest")
+ROOT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {"anyOf": [{"$ref": f"#/components/schemas/{name}"} for name in ROOT_BODIES]},
+                "examples": {
+                    "embed": {"value": {"inputs": "What is deep learning?"}},
+                    "rerank": {
+                        "value": {"query": "What is deep learning?", "texts": ["Deep learning is ..."]}
+                    },
+                },
+            }
+        },
+    }
+}
+
+
 @router.post(
     "/",
+    openapi_extra=ROOT_BODY,
     responses=TASK_RESPONSES,
     summary="text-embeddings-inference's default route: /embed, /predict, /rerank, /similarity or "
     "/embed_sparse, by the body's shape and the model it names (else the embedding default)",
 )
-@router.post("/invocations", responses=TASK_RESPONSES, summary="SageMaker's name for POST /")
+@router.post(
+    "/invocations", openapi_extra=ROOT_BODY, responses=TASK_RESPONSES, summary="SageMaker's name for POST /"
+)
 async def default_route(request: Request) -> Response:
     path = root_path(state_of(request).registry, await request.body())
     route, handler = _route(path)

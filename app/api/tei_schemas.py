@@ -63,6 +63,17 @@ class InferenceParameters(BaseModel):
     fields, lifted beside `inputs`; one the route lacks is refused under its full name
     (`parameters.top_k`), where TEI would silently drop them all."""
 
+    # Always None once validated: the validator has lifted its keys. Declared for the schema.
+    parameters: Annotated[
+        None,
+        WithJsonSchema(
+            {
+                "type": "object",
+                "description": "This route's options, given apart (Hugging Face's Inference API form)",
+            }
+        ),
+    ] = None
+
     @model_validator(mode="before")
     @classmethod
     def _lift_parameters(cls, data: Any) -> Any:
@@ -78,7 +89,8 @@ class InferenceParameters(BaseModel):
             )
         for key, value in parameters.items():
             # An unknown key stays under its dotted name, which extra="forbid" then refuses by name.
-            name = key if key in cls.model_fields and key != "inputs" else f"parameters.{key}"
+            own = key in cls.model_fields and key not in ("inputs", "parameters")
+            name = key if own else f"parameters.{key}"
             if name in lifted and lifted[name] != value:
                 raise PydanticCustomError(
                     "parameters_conflict", "{key} is given twice, with different values", {"key": key}

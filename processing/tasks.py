@@ -191,7 +191,7 @@ TASKS: dict[str, TaskSpec] = {
             ),
             architectures=("BertModel",),  # a base encoder (or sentence-transformers' module 0)
             trained=False,
-            protocol_paths=("/v1/embeddings", "/similarity", "/embed_all"),
+            protocol_paths=("/v1/embeddings", "/embeddings", "/similarity", "/embed_all"),  # TEI: both
         ),
         TaskSpec(
             name="sparse",

@@ -291,6 +291,12 @@ def readiness(request: Request) -> tuple[bool, str, dict[str, str], dict[str, st
     responses=TASK_RESPONSES,
     summary="Sentence embeddings, OpenAI-compatible (float or base64, with token usage)",
 )
+@router.post(
+    "/embeddings",
+    response_model=OpenAIEmbeddingResponse,
+    responses=TASK_RESPONSES,
+    summary="The same as /v1/embeddings, where TEI serves it too (an OpenAI client's base URL without /v1)",
+)
 async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request, response: Response) -> Any:
     # OpenAI's own model names, which its clients send unless told otherwise (LangChain's
     # OpenAIEmbeddings: text-embedding-ada-002), get the embedding default; the answer's `model` says

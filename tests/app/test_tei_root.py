@@ -151,3 +151,13 @@ async def test_the_root_needs_the_key_and_the_sagemaker_probe_does_not(make_mode
         probe = await client.get("/ping")
     assert [r.status_code for r in refused] == [401, 401, 401]
     assert keyed.status_code == 200 and probe.status_code == 200
+
+
+async def test_openai_embeddings_answer_without_v1_too(served):
+    _, client = served
+    body = {"input": ["a cat", "a dog"], "encoding_format": "base64"}
+    plain, versioned = (
+        await client.post("/embeddings", json=body),
+        await client.post("/v1/embeddings", json=body),
+    )
+    assert plain.status_code == 200 and plain.json() == versioned.json()

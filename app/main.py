@@ -44,8 +44,8 @@ from app.api.tei_routes import router as tei_router
 from app.api.v2_routes import router as v2_router
 from app.engine.client import Engine
 from app.engine.control import ModelControl
+from app.engine.heap import fix_malloc_mmap_threshold
 from app.engine.registry import Registry
-from app.engine.runtime import fix_malloc_mmap_threshold
 from app.engine.table import ModelTable
 from app.observe.logs import configure_logging, flush_logs
 from app.observe.metrics import Metrics

@@ -18,11 +18,12 @@ from typing import Any
 
 from app.engine.batcher import Batcher
 from app.engine.client import Engine
+from app.engine.heap import settle_heap
 from app.engine.loader import MB, Bundle, build
 from app.engine.reduce import batch_functions
 from app.engine.registry import Model, Registry, log_failure
 from app.engine.repository import VersionDir, check_model_name, fingerprint, model_versions, scan
-from app.engine.runtime import resolve_batch_tokens, resolve_padding_factor, settle_heap
+from app.engine.runtime import resolve_batch_tokens, resolve_padding_factor
 from app.errors import MemoryLimitExceeded, NoModel, VersionRejected
 from export.bundle import MANIFEST_NAME, BundleError
 from processing.tasks import TASKS

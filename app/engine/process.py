@@ -25,9 +25,9 @@ from typing import Any
 from app.engine import wire
 from app.engine.client import Engine
 from app.engine.control import ModelControl
+from app.engine.heap import fix_malloc_mmap_threshold
 from app.engine.protocol import EngineRequest
 from app.engine.registry import Registry
-from app.engine.runtime import fix_malloc_mmap_threshold
 from app.observe.logs import configure_logging, flush_logs
 from app.observe.metrics import Metrics
 from app.settings import Settings

@@ -15,8 +15,8 @@ import pytest
 from pydantic import ValidationError
 
 from app.engine import loader
+from app.engine.heap import YOUNG_OBJECTS
 from app.engine.registry import ConfigError
-from app.engine.runtime import YOUNG_OBJECTS
 from app.main import ServiceState, _hook_termination, create_app
 from app.observe.logs import flush_logs
 from app.settings import Settings

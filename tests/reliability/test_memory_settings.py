@@ -6,7 +6,8 @@ import platform
 
 import pytest
 
-from app.engine.runtime import SessionTuning, fix_malloc_mmap_threshold, run_options, session_options
+from app.engine.heap import fix_malloc_mmap_threshold
+from app.engine.runtime import SessionTuning, run_options, session_options
 from app.settings import Settings
 from tests.app.conftest import bundle_of, serving
 

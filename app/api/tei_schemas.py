@@ -61,7 +61,7 @@ class InferenceParameters(BaseModel):
     """Hugging Face's Inference API sends a task's options apart, `{"inputs": ..., "parameters": {...}}`,
     and huggingface_hub's InferenceClient always does (`{}` when none is set). They are the route's own
     fields, lifted beside `inputs`; one the route lacks is refused under its full name
-    (`parameters.top_k`), where TEI would silently drop them all."""
+    (`parameters.dimensions`), where TEI would silently drop them all."""
 
     # Always None once validated: the validator has lifted its keys. Declared for the schema.
     parameters: Annotated[

@@ -27,6 +27,7 @@ from app.errors import (
     InternalError,
     Overloaded,
     RequestError,
+    ServiceError,
     Unauthorized,
     UnsupportedMediaType,
 )
@@ -36,6 +37,7 @@ from processing.tasks import TASK_PATHS
 
 log = logging.getLogger("app.access")
 
+ROOT_PATHS = ("/", "/invocations")  # TEI's default route, SageMaker's name for it
 KNOWN_PATHS = set(TASK_PATHS) | {
     "/health",
     "/ready",
@@ -43,7 +45,8 @@ KNOWN_PATHS = set(TASK_PATHS) | {
     "/models",
     "/v1/models",
     "/tokenize",
-    *("/", "/invocations", "/info", "/decode", "/ping"),  # text-embeddings-inference's (tei_routes.py)
+    *ROOT_PATHS,
+    *("/info", "/decode", "/ping"),  # text-embeddings-inference's (tei_routes.py)
     "/docs",
     "/openapi.json",
     "/redoc",
@@ -81,6 +84,11 @@ def inference_task(scope: Scope) -> str | None:
     path = scope["path"]
     if path in TASK_PATHS:
         return TASK_PATHS[path]
+    if path in ROOT_PATHS and "app" in scope:  # TEI's root: its default model's task (before the body)
+        try:
+            return scope["app"].state.service_state.registry.root(None).task
+        except ServiceError:  # no default: the route answers 404
+            return None
     v2 = V2_MODEL_PATH.match(path)
     if v2 and v2["verb"] == "/infer" and "app" in scope:
         model = scope["app"].state.service_state.registry.models.get(v2["name"])

@@ -3,8 +3,9 @@ POST / (and SageMaker's /invocations), which a client pointed at the server's ro
 (huggingface_hub's InferenceClient("http://host:8000")); GET / and /ping answer liveness, as TEI's do.
 
 TEI serves one model, whose kind picks what POST / does. Here the body's `model` picks the model, else
-`root_model`'s rule; a body shaped for /rerank (`query`) or /similarity (`inputs` an object) goes there,
-as TEI matches reranking by shape.
+the model table's rule (`ModelTable.root`); a body shaped for /rerank (`query`) or /similarity
+(`inputs` an object) goes there, as TEI matches reranking by shape. AdmissionMiddleware counts a
+request to the root against its default model's task (app/api/middleware.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from app.api.routes import health, run_leased, state_of
 from app.api.routes import router as task_router
 from app.api.service_schemas import DecodeRequest, DecodeResponse, HealthResponse, TEIInfo
 from app.api.serving.task_service import cpu_step
-from app.errors import InvalidInput, NoModel, TooManyInputs
+from app.errors import InvalidInput, TooManyInputs
 from processing.tasks import TASKS
 
 if TYPE_CHECKING:
@@ -31,24 +32,8 @@ if TYPE_CHECKING:
 router = APIRouter(route_class=LeanRoute)
 open_router = APIRouter()
 
-ROOT_TASKS = ("embed", "sparse", "classify")  # whose default POST / serves, in this order
 DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}  # TEI's names for the precisions
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
-
-
-def root_model(registry: ModelTable, name: str | None) -> Model:
-    """The model POST / and /info answer for: `name`; else the embedding default, the sparse one or
-    the classify one, the first there is."""
-    if name is not None:
-        return registry.resolve(None, name)
-    for task in ROOT_TASKS:
-        default = registry.default_name(task)
-        if default is not None:
-            return registry.resolve(task, default)
-    raise NoModel(
-        "no embedding, sparse or classify default to answer at the root: name a model in the 'model' "
-        "field, or use the task's route"
-    )
 
 
 def tei_path(registry: ModelTable, model: Model) -> str:
@@ -75,7 +60,7 @@ def root_path(registry: ModelTable, raw: bytes) -> str:
             name = msgspec.json.decode(top["model"], type=str)
         except msgspec.DecodeError:
             pass  # not a string: the default model's route refuses the field by name
-    return tei_path(registry, root_model(registry, name))
+    return tei_path(registry, registry.root(name))
 
 
 @functools.cache
@@ -136,7 +121,7 @@ async def info(
 ) -> TEIInfo:
     state = state_of(request)
     settings = state.settings
-    bundle = state.registry.serving(None, root_model(state.registry, model).name)
+    bundle = state.registry.serving(None, state.registry.root(model).name)
     manifest = bundle.manifest
     batcher = bundle.batcher
     return TEIInfo(

@@ -78,6 +78,9 @@ class VersionEvent:
     at: str = field(default_factory=utc_now)
 
 
+ROOT_TASKS = ("embed", "sparse", "classify")  # whose default POST / serves, in this order
+
+
 @dataclass
 class Model:
     name: str
@@ -183,6 +186,20 @@ class ModelTable:
         raise ModelRequired(
             "no default reranker: name a classify model of text pairs in the 'model' field (classify "
             f"models: {', '.join(names)}), or set DEFAULT_BUNDLES=rerank=<name>"
+        )
+
+    def root(self, name: str | None) -> Model:
+        """The model text-embeddings-inference's default route (POST /) and /info answer for: `name`;
+        else the embedding default, the sparse one or the classify one, the first there is."""
+        if name is not None:
+            return self.resolve(None, name)
+        for task in ROOT_TASKS:
+            default = self.default_name(task)
+            if default is not None:
+                return self.resolve(task, default)
+        raise NoModel(
+            "no embedding, sparse or classify default to answer at the root: name a model in the "
+            "'model' field, or use the task's route"
         )
 
     def _listing(self) -> str:

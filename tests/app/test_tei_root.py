@@ -45,15 +45,26 @@ async def test_the_root_answers_as_the_route_tei_would_pick(served):
         assert (await client.get(probe)).json() == (await client.get("/health")).json()
 
 
-async def test_the_root_without_an_embedding_model_serves_the_classify_default(make_models_dir):
-    async with serving(make_models_dir(("classify", "ner"))) as (_, client):
+def admitted_as(app, path: str) -> str | None:
+    """The task whose MAX_IN_FLIGHT slots a POST to `path` takes (before its body is read)."""
+    from app.api.middleware import inference_task
+
+    return inference_task({"type": "http", "method": "POST", "app": app, "path": path})
+
+
+async def test_the_root_without_an_embedding_model_serves_the_classify_default(models_dir, make_models_dir):
+    async with serving(models_dir) as (app, _):
+        assert admitted_as(app, "/") == admitted_as(app, "/invocations") == "embed"
+    async with serving(make_models_dir(("classify", "ner"))) as (app, client):
         root = await client.post("/", json={"inputs": "a great film"})
         predict = await client.post("/predict", json={"inputs": "a great film"})
         info = (await client.get("/info")).json()
+        assert admitted_as(app, "/") == "classify"
     assert root.status_code == 200 and root.json() == predict.json()
     assert info["model_id"] == "classify" and set(info["model_type"]) == {"classifier"}
-    async with serving(make_models_dir(("ner",))) as (_, client):
+    async with serving(make_models_dir(("ner",))) as (app, client):
         alone = await client.post("/", json={"inputs": "a great film"})
+        assert admitted_as(app, "/") is None  # nothing to admit: the route answers 404
     assert alone.status_code == 404 and "'model' field" in alone.json()["message"]
 
 

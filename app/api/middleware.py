@@ -57,6 +57,8 @@ KNOWN_PATHS = set(TASK_PATHS) | {
 QUIET_PATHS = {"/health", "/ready", "/metrics", "/ping", "/v2/health/live", "/v2/health/ready"}
 MODEL_SCOPE_KEY = "bert.model"  # set by the route to the model that served the request
 # /v2/models/{name}[/versions/{version}][/ready | /infer]: labelled by the route, never the raw name.
+# /models/{name}[/info | /health]: a model's own TEI root (app/api/tei_routes.py), labelled likewise.
+MODEL_ROOT_PATH = re.compile(r"^/models/(?P<name>[^/]+)(?P<verb>/info|/health)?$")
 V2_MODEL_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?(?P<verb>/ready|/infer)?$")
 
 
@@ -75,6 +77,9 @@ def endpoint_label(path: str) -> str:
     v2 = V2_MODEL_PATH.match(path)
     if v2:
         return "/v2/models/{name}" + (v2["verb"] or "")
+    root = MODEL_ROOT_PATH.match(path)
+    if root:
+        return "/models/{name}" + (root["verb"] or "")
     return path if path in KNOWN_PATHS else "other"
 
 
@@ -84,10 +89,12 @@ def inference_task(scope: Scope) -> str | None:
     path = scope["path"]
     if path in TASK_PATHS:
         return TASK_PATHS[path]
-    if path in ROOT_PATHS and "app" in scope:  # TEI's root: its default model's task (before the body)
+    root = MODEL_ROOT_PATH.match(path)
+    if (path in ROOT_PATHS or (root and not root["verb"])) and "app" in scope:
+        # TEI's root (its default model's task, before the body is read) or a model's own root.
         try:
-            return scope["app"].state.service_state.registry.root(None).task
-        except ServiceError:  # no default: the route answers 404
+            return scope["app"].state.service_state.registry.root(root["name"] if root else None).task
+        except ServiceError:  # no such model, or no default: the route answers 404
             return None
     v2 = V2_MODEL_PATH.match(path)
     if v2 and v2["verb"] == "/infer" and "app" in scope:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.routing import APIRoute
+from starlette.types import Message
 
 from app.api.error_table import INFO_RESPONSES, TASK_RESPONSES, TOKENIZE_RESPONSES
 from app.api.lean_route import LeanRoute
@@ -104,10 +105,53 @@ ROOT_BODY = {
     "/invocations", openapi_extra=ROOT_BODY, responses=TASK_RESPONSES, summary="SageMaker's name for POST /"
 )
 async def default_route(request: Request) -> Response:
-    path = root_path(state_of(request).registry, await request.body())
-    route, handler = _route(path)
+    return await _answer(request, await request.body())
+
+
+@router.post(
+    "/models/{name}",
+    openapi_extra=ROOT_BODY,
+    responses=TASK_RESPONSES,
+    summary="POST / for the model `name`: a root per model, for clients that take one base URL per "
+    'model (InferenceClient("http://host:8000/models/<name>"))',
+)
+async def model_root(name: str, request: Request) -> Response:
+    raw = with_model(await request.body(), name)
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return await request.receive()  # the body is in: what comes next is the disconnect
+        sent = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    return await _answer(Request(request.scope, receive), raw)
+
+
+async def _answer(request: Request, raw: bytes) -> Response:
+    route, handler = _route(root_path(state_of(request).registry, raw))
     request.scope["route"] = route  # the answer is the target route's: its schema, cache key and errors
     return await handler(request)
+
+
+def with_model(raw: bytes, name: str) -> bytes:
+    """The body with `model` set to the path's; a body naming another model is refused."""
+    try:
+        top = _TOP.decode(raw)
+    except msgspec.DecodeError:
+        return raw  # not a JSON object: the route words the error
+    if "model" not in top:
+        return msgspec.json.encode({**top, "model": name})
+    try:
+        given = msgspec.json.decode(top["model"], type=str)
+    except msgspec.DecodeError:
+        return raw  # not a string: the route refuses the field by name
+    if given != name:
+        raise InvalidInput(
+            f"model is {given!r} but the path names {name!r}: leave it out, or make them agree", "model"
+        )
+    return raw
 
 
 @router.get(
@@ -119,6 +163,31 @@ async def default_route(request: Request) -> Response:
 async def info(
     request: Request, model: str | None = Query(None, description="A name from /models")
 ) -> TEIInfo:
+    return model_info(request, model)
+
+
+@router.get(
+    "/models/{name}/info",
+    response_model=TEIInfo,
+    responses=INFO_RESPONSES,
+    summary="text-embeddings-inference's /info for the model `name` (its own root's)",
+)
+async def named_info(name: str, request: Request) -> TEIInfo:
+    return model_info(request, name)
+
+
+@router.get(
+    "/models/{name}/health",
+    response_model=HealthResponse,
+    responses=INFO_RESPONSES,
+    summary="The model `name` serves (200), or why not: 404 no such model, 503 loading or failed",
+)
+async def model_health(name: str, request: Request) -> HealthResponse:
+    state_of(request).registry.serving(None, name)
+    return HealthResponse()
+
+
+def model_info(request: Request, model: str | None) -> TEIInfo:
     state = state_of(request)
     settings = state.settings
     bundle = state.registry.serving(None, state.registry.root(model).name)

@@ -63,6 +63,10 @@ def test_huggingface_hub_inference_client_at_the_root(keyless_live):
     vectors = embed(url, TEXTS + ["a terrible film"])
     similarity = client.sentence_similarity(TEXTS[0], [TEXTS[1], "a terrible film"])
     np.testing.assert_allclose(similarity, vectors[1:] @ vectors[0], atol=1e-5)
+    # A model's own root: the client's one URL per model.
+    own = hub.InferenceClient(model=f"{url}/models/embed", provider="hf-inference")
+    assert own.health_check() and own.get_endpoint_info()["model_id"] == "embed"
+    np.testing.assert_allclose(own.feature_extraction(TEXTS[0]), embed(url, TEXTS[:1]), atol=1e-6)
     # A named route: TEI's /predict, with Hugging Face's top_k.
     predict = hub.InferenceClient(model=f"{url}/predict", provider="hf-inference")
     best = httpx.post(f"{url}/predict", json={"inputs": TEXTS[0]}, timeout=30).json()[0]

@@ -68,6 +68,33 @@ async def test_the_root_without_an_embedding_model_serves_the_classify_default(m
     assert alone.status_code == 404 and "'model' field" in alone.json()["message"]
 
 
+async def test_each_model_has_a_root_of_its_own(served):
+    app, client = served
+    for name, body, path in [
+        ("embed", {"inputs": ["a cat", "a dog"]}, "/embed"),
+        ("embed", {"inputs": "a cat", "model": "embed", "parameters": {"normalize": False}}, "/embed"),
+        ("classify", {"inputs": "a great film"}, "/predict"),
+        ("classify", {"query": "a film", "texts": ["a great film", "boring"]}, "/rerank"),
+        ("sparse", {"inputs": "a cat"}, "/embed_sparse"),
+        ("ner", {"text": "mary won the game"}, "/ner"),
+        ("ner", {"text": ""}, "/ner"),  # the route's own 422
+    ]:
+        reply = await client.post(f"/models/{name}", json=body)
+        direct = await client.post(path, json={**body, "model": name})
+        assert answer(reply) == answer(direct) and reply.headers.get("x-model") == direct.headers.get(
+            "x-model"
+        )
+    other = await client.post("/models/embed", json={"inputs": "a", "model": "classify"})
+    unknown = await client.post("/models/nope", json={"inputs": "a"})
+    assert other.status_code == 422 and "the path names 'embed'" in other.json()["message"]
+    assert unknown.status_code == 404 and unknown.json()["error"] == "no_model"
+    named, queried = await client.get("/models/classify/info"), await client.get("/info?model=classify")
+    assert named.status_code == 200 and named.json() == queried.json()
+    assert [(await client.get(f"/models/{n}/health")).status_code for n in ("ner", "nope")] == [200, 404]
+    assert admitted_as(app, "/models/qa") == "qa" and admitted_as(app, "/models/nope") is None
+    assert admitted_as(app, "/models/qa/info") is None  # not inference
+
+
 async def test_the_root_names_a_broken_model_s_state(make_models_dir):
     models = make_models_dir(("embed", "classify"))
     (models / "classify" / "bundle.json").write_text("{not json", encoding="utf-8")  # no task known
@@ -76,8 +103,10 @@ async def test_the_root_names_a_broken_model_s_state(make_models_dir):
         broken = await client.post("/", json={"inputs": "a", "model": "classify"})
         info = await client.get("/info", params={"model": "classify"})
         fine = await client.post("/", json={"inputs": "a"})
+        own = await client.post("/models/classify", json={"inputs": "a"})
+        health = await client.get("/models/classify/health")
     assert broken.status_code == 503 and broken.json()["error"] == "model_unavailable"
-    assert info.status_code == 503 and fine.status_code == 200
+    assert info.status_code == own.status_code == health.status_code == 503 and fine.status_code == 200
 
 
 async def test_inference_parameters_are_the_route_s_own_fields(served):

@@ -23,8 +23,8 @@ from app.api.lean_route import LeanRoute
 from app.api.routes import health, run_leased, state_of
 from app.api.routes import router as task_router
 from app.api.service_schemas import DecodeRequest, DecodeResponse, HealthResponse, TEIInfo
-from app.api.serving.task_service import cpu_step
-from app.errors import InvalidInput, TooManyInputs
+from app.api.serving.task_service import check_items, cpu_step
+from app.errors import InvalidInput
 from processing.tasks import TASKS
 
 if TYPE_CHECKING:
@@ -46,21 +46,26 @@ def tei_path(registry: ModelTable, model: Model) -> str:
     return {"embed": "/embed", "sparse": "/embed_sparse"}.get(model.task, TASKS[model.task].path)
 
 
-def root_path(registry: ModelTable, raw: bytes) -> str:
+def top_level(raw: bytes) -> tuple[dict[str, msgspec.Raw] | None, str | None]:
+    """A body's top-level fields, unparsed, and its `model` if that is a string. Not a JSON object:
+    None (the route picked words the error); `model` not a string: None (refused by name)."""
     try:
         top = _TOP.decode(raw)
     except msgspec.DecodeError:
-        top = {}  # not a JSON object: the default model's route words the error
+        return None, None
+    try:
+        return top, msgspec.json.decode(top["model"], type=str) if "model" in top else None
+    except msgspec.DecodeError:
+        return top, None
+
+
+def root_path(registry: ModelTable, top: dict[str, msgspec.Raw] | None, name: str | None) -> str:
+    """The route a body with these fields goes to, for the model `name` (None: the root's default)."""
+    top = top or {}
     if "query" in top:
         return "/rerank"
     if bytes(top.get("inputs", b"")).lstrip()[:1] == b"{":
         return "/similarity"
-    name = None
-    if "model" in top:
-        try:
-            name = msgspec.json.decode(top["model"], type=str)
-        except msgspec.DecodeError:
-            pass  # not a string: the default model's route refuses the field by name
     return tei_path(registry, registry.root(name))
 
 
@@ -105,7 +110,8 @@ ROOT_BODY = {
     "/invocations", openapi_extra=ROOT_BODY, responses=TASK_RESPONSES, summary="SageMaker's name for POST /"
 )
 async def default_route(request: Request) -> Response:
-    return await _answer(request, await request.body())
+    top, name = top_level(await request.body())
+    return await _answer(request, root_path(state_of(request).registry, top, name))
 
 
 @router.post(
@@ -116,7 +122,17 @@ async def default_route(request: Request) -> Response:
     'model (InferenceClient("http://host:8000/models/<name>"))',
 )
 async def model_root(name: str, request: Request) -> Response:
-    raw = with_model(await request.body(), name)
+    raw = await request.body()
+    top, given = top_level(raw)
+    if top is not None and "model" not in top:
+        raw = msgspec.json.encode({**top, "model": name})
+    elif given is not None and given != name:
+        raise InvalidInput(
+            f"model is {given!r} but the path names {name!r}: leave it out, or make them agree", "model"
+        )
+    # Routed by the model the body now names: none when it is not an object or its `model` no string.
+    named = name if top is not None and ("model" not in top or given == name) else None
+    path = root_path(state_of(request).registry, top, named)
     sent = False
 
     async def receive() -> Message:
@@ -126,32 +142,13 @@ async def model_root(name: str, request: Request) -> Response:
         sent = True
         return {"type": "http.request", "body": raw, "more_body": False}
 
-    return await _answer(Request(request.scope, receive), raw)
+    return await _answer(Request(request.scope, receive), path)
 
 
-async def _answer(request: Request, raw: bytes) -> Response:
-    route, handler = _route(root_path(state_of(request).registry, raw))
+async def _answer(request: Request, path: str) -> Response:
+    route, handler = _route(path)
     request.scope["route"] = route  # the answer is the target route's: its schema, cache key and errors
     return await handler(request)
-
-
-def with_model(raw: bytes, name: str) -> bytes:
-    """The body with `model` set to the path's; a body naming another model is refused."""
-    try:
-        top = _TOP.decode(raw)
-    except msgspec.DecodeError:
-        return raw  # not a JSON object: the route words the error
-    if "model" not in top:
-        return msgspec.json.encode({**top, "model": name})
-    try:
-        given = msgspec.json.decode(top["model"], type=str)
-    except msgspec.DecodeError:
-        return raw  # not a string: the route refuses the field by name
-    if given != name:
-        raise InvalidInput(
-            f"model is {given!r} but the path names {name!r}: leave it out, or make them agree", "model"
-        )
-    return raw
 
 
 @router.get(
@@ -190,7 +187,8 @@ async def model_health(name: str, request: Request) -> HealthResponse:
 def model_info(request: Request, model: str | None) -> TEIInfo:
     state = state_of(request)
     settings = state.settings
-    bundle = state.registry.serving(None, state.registry.root(model).name)
+    root = state.registry.root(model)
+    bundle = state.registry.serving(None, root.name)
     manifest = bundle.manifest
     batcher = bundle.batcher
     return TEIInfo(
@@ -199,7 +197,7 @@ def model_info(request: Request, model: str | None) -> TEIInfo:
         model_dtype=DTYPES.get(manifest.variants[bundle.variant].precision, "float32")
         if bundle.variant
         else "float32",
-        model_type=model_type(bundle, state.registry.models[bundle.name].reranker),
+        model_type=model_type(bundle, root.reranker),
         max_concurrent_requests=settings.max_in_flight,
         max_input_length=manifest.max_seq_len,
         max_batch_tokens=batcher.max_batch_tokens if batcher is not None else settings.max_batch_tokens,
@@ -235,12 +233,7 @@ async def decode(body: DecodeRequest, request: Request, response: Response) -> A
     state = state_of(request)
     model = body.model or state.registry.shared_tokenizer_model()
     sequences = body.sequences
-    if len(sequences) > state.settings.max_batch_items:
-        raise TooManyInputs(
-            f"ids has {len(sequences)} sequences; the limit is {state.settings.max_batch_items} "
-            "(MAX_BATCH_ITEMS)",
-            "ids",
-        )
+    check_items(len(sequences), state.settings.max_batch_items, "ids", "sequences")
 
     async def work(bundle: Bundle, _: Any) -> list[str]:
         tokenizer = bundle.tokenizer

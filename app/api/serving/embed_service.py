@@ -18,6 +18,7 @@ from app.api.serving.task_service import (
     TaskService,
     Timings,
     check_chars,
+    check_items,
     cpu_step,
     sequence_items,
 )
@@ -31,7 +32,7 @@ from app.api.tei_schemas import (
     SimilarityResponse,
 )
 from app.engine.protocol import EngineClient
-from app.errors import InputTooLong, InvalidInput, TooManyInputs
+from app.errors import InputTooLong, InvalidInput
 from app.settings import Settings
 from export.bundle import dense_layers
 from processing import embed as embed_proc
@@ -111,11 +112,7 @@ class EmbedService(TaskService):
         """The vectors of `texts` (request field name -> text; `batch` names the list), in order,
         normalized if asked."""
         texts = self.with_prompt(texts, options.prompt_name)
-        limit = self.settings.max_batch_items
-        if len(texts) > limit:
-            raise TooManyInputs(
-                f"{batch} has {len(texts)} texts; the limit is {limit} (MAX_BATCH_ITEMS)", batch
-            )
+        check_items(len(texts), self.settings.max_batch_items, batch, "texts")
         for field, text in texts.items():
             check_chars(text, self.settings.max_text_chars, field, "MAX_TEXT_CHARS")
         side = options.truncation_direction.lower()
@@ -165,11 +162,7 @@ class EmbedService(TaskService):
         """TEI's /embed_all: every token's vector (the last hidden state), special tokens included.
         One window per text: a long text is cut to max_seq_len (truncate unset or true) or refused."""
         texts = self.with_prompt(fields("inputs", request.inputs), request.prompt_name)
-        limit = self.settings.max_batch_items
-        if len(texts) > limit:
-            raise TooManyInputs(
-                f"inputs has {len(texts)} texts; the limit is {limit} (MAX_BATCH_ITEMS)", "inputs"
-            )
+        check_items(len(texts), self.settings.max_batch_items, "inputs", "texts")
         for field, text in texts.items():
             check_chars(text, self.settings.max_text_chars, field, "MAX_TEXT_CHARS")
         truncate = True if request.truncate is None else request.truncate

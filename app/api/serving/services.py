@@ -36,12 +36,13 @@ from app.api.serving.task_service import (
     TaskService,
     Timings,
     check_chars,
+    check_items,
     cpu_step,
     sequence_items,
 )
 from app.api.tei_schemas import EmbedRequest, EmbedResponse, EmbedTextsRequest, SparseEmbedResponse
 from app.engine.protocol import EngineClient, Item, ItemOutput
-from app.errors import InputTooLong, InvalidInput, TooManyChoices, TooManyInputs
+from app.errors import InputTooLong, InvalidInput, TooManyChoices
 from app.settings import Settings
 from export.bundle import DEFAULT_QA
 from processing import choice as choice_proc
@@ -79,11 +80,7 @@ class ClassifyService(TaskService):
         self.long_text = settings.classify_long_text
 
     def check_count(self, count: int, field: str) -> None:
-        if count > self.settings.max_batch_items:
-            raise TooManyInputs(
-                f"{field} has {count} items; the limit is {self.settings.max_batch_items} (MAX_BATCH_ITEMS)",
-                field,
-            )
+        check_items(count, self.settings.max_batch_items, field)
 
     def check_top_k(self, top_k: int | None) -> None:
         n_labels = 1 if self.regression else len(self.labels)
@@ -303,11 +300,7 @@ async def tokenize_texts(
     """/tokenize: every text's tokens with their offsets, from the model's own tokenizer."""
     assert bundle.tokenizer is not None
     texts = request.texts
-    if len(texts) > settings.max_batch_items:
-        raise TooManyInputs(
-            f"inputs has {len(texts)} items; the limit is {settings.max_batch_items} (MAX_BATCH_ITEMS)",
-            "inputs",
-        )
+    check_items(len(texts), settings.max_batch_items, "inputs")
     for n, text in enumerate(texts):
         field = "inputs" if isinstance(request.inputs, str) else f"inputs.{n}"
         check_chars(text, settings.max_text_chars, field, "MAX_TEXT_CHARS")

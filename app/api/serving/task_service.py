@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from app.engine.batch_types import Schedule
 from app.engine.protocol import EngineClient, EngineRequest, Item, ItemOutput
-from app.errors import TextTooLong
+from app.errors import TextTooLong, TooManyInputs
 from app.observe.metrics import Metrics
 from app.settings import Settings
 from processing.tokenizer import Encoding, default_window_overlap
@@ -82,6 +82,12 @@ async def cpu_step(chars: int, fn: Callable[..., T], *args: Any, **kwargs: Any) 
 def check_chars(value: str, limit: int, field: str, setting: str) -> None:
     if len(value) > limit:
         raise TextTooLong(f"{field} has {len(value)} characters; the limit is {limit} ({setting})", field)
+
+
+def check_items(count: int, limit: int, field: str, what: str = "items") -> None:
+    """A request's list of `count` inputs against MAX_BATCH_ITEMS (`limit`)."""
+    if count > limit:
+        raise TooManyInputs(f"{field} has {count} {what}; the limit is {limit} (MAX_BATCH_ITEMS)", field)
 
 
 class TaskService:

@@ -4,7 +4,7 @@
 #   docker build --target gpu -t bert-serving:gpu .     CUDA 12 + cuDNN 9 runtime, onnxruntime-gpu
 # Both carry the default model bundles in /models, built here by the builder stages (torch, CPU):
 # fp32/fused/int8/int8-rowwise/int8-rowwise-avx2 variants for the CPU image, fp32/fp16 for the GPU image.
-# Run: docker run -p 8000:8000 bert-serving:cpu      (mount other bundles with -v DIR:/models:ro)
+# Run: docker run -p 8000:8000 -p 8001:8001 bert-serving:cpu   (8001: V2 over gRPC; other bundles: -v DIR:/models:ro)
 ARG PYTHON_VERSION=3.11
 # Where a machine without registry access builds anyway (deploy/podman/README.md): a stand-in base
 # image and a local wheelhouse for the CPU torch wheel. The defaults are what real users get.
@@ -39,7 +39,7 @@ RUN python -m export.defaults --out /models-gpu --variants fp32,fp16
 FROM ${CUDA_IMAGE} AS gpu
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/venv/bin:$PATH \
-    MODELS_DIR=/models DEVICE=cuda HOST=0.0.0.0 PORT=8000
+    MODELS_DIR=/models DEVICE=cuda HOST=0.0.0.0 PORT=8000 GRPC_PORT=8001
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
@@ -54,7 +54,7 @@ COPY --from=builder-gpu /models-gpu /models
 COPY --chmod=755 deploy/entrypoint.sh /usr/local/bin/entrypoint.sh
 WORKDIR /srv
 USER 10001:10001
-EXPOSE 8000
+EXPOSE 8000 8001
 HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
     CMD ["/usr/local/bin/entrypoint.sh", "healthcheck"]
 ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
@@ -63,7 +63,7 @@ CMD ["serve"]
 # ---------------------------------------------------------------- cpu: slim serving image (default)
 FROM ${PYTHON_IMAGE} AS cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
-    MODELS_DIR=/models DEVICE=cpu HOST=0.0.0.0 PORT=8000
+    MODELS_DIR=/models DEVICE=cpu HOST=0.0.0.0 PORT=8000 GRPC_PORT=8001
 RUN groupadd --system --gid 10001 app \
  && useradd --system --uid 10001 --gid app --home-dir /srv --no-create-home --shell /usr/sbin/nologin app
 COPY requirements/serve.txt /tmp/requirements.txt
@@ -74,7 +74,7 @@ COPY --from=builder /models /models
 COPY --chmod=755 deploy/entrypoint.sh /usr/local/bin/entrypoint.sh
 WORKDIR /srv
 USER 10001:10001
-EXPOSE 8000
+EXPOSE 8000 8001
 HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
     CMD ["/usr/local/bin/entrypoint.sh", "healthcheck"]
 ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]

@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
+# The Open Inference Protocol over gRPC, where Triton serves it; `make serve GRPC_PORT=` turns it off.
+GRPC_PORT ?= 8001
 MODELS_DIR ?= .cache/bundles
 
 .PHONY: setup serve test lint models clean-models local-up local-down
@@ -23,7 +25,7 @@ models: setup
 	$(PY) -m export.defaults --out $(MODELS_DIR)
 
 serve: models
-	MODELS_DIR=$(MODELS_DIR) $(VENV)/bin/python -m app --host $${HOST:-0.0.0.0} --port $(PORT)
+	MODELS_DIR=$(MODELS_DIR) GRPC_PORT=$(GRPC_PORT) $(VENV)/bin/python -m app --host $${HOST:-0.0.0.0} --port $(PORT)
 
 # The compose topology without Docker: 3 replicas, nginx :8080, Prometheus :9090 (deploy/README.md).
 local-up: models

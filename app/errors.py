@@ -97,6 +97,11 @@ class NoModel(ModelError):
 
     field = "model"
 
+    @classmethod
+    def not_serving(cls, model: str, version: str, serving: str | None) -> NoModel:
+        """A request for a version of `model` other than the one in service (`serving`)."""
+        return cls(f"model {model!r} does not serve version {version!r} (serving: {serving or 'none'})")
+
 
 class NotAReranker(ModelError):
     """/rerank named a classify model whose outputs are no relevance score (more than two labels)."""

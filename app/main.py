@@ -30,6 +30,7 @@ from app.api.connections import Guard
 from app.api.error_table import install_error_handlers
 from app.api.headers import TEI_HEADERS
 from app.api.middleware import (
+    Admission,
     AdmissionMiddleware,
     AuthMiddleware,
     BodyLimitMiddleware,
@@ -71,6 +72,7 @@ class ServiceState:
     metrics: Metrics
     registry: ModelTable  # the engine's Registry, or a front end's copy of its table (app/api/remote.py)
     in_flight: InFlight
+    admission: Admission  # MAX_IN_FLIGHT per task, for HTTP and gRPC alike
     control: ModelControl | RemoteControl | None = None  # loads, swaps and unloads (app/engine/control.py)
     cache: ResponseCache | None = None  # answers of the versions in service (RESPONSE_CACHE_MB); None: off
     shutting_down: bool = False
@@ -143,6 +145,7 @@ def create_app(settings: Settings | None = None, engine_socket: str | None = Non
         metrics=metrics,
         registry=registry,
         in_flight=InFlight(metrics),
+        admission=Admission(settings.max_in_flight, metrics),
         control=control,
         cache=cache,
     )
@@ -157,12 +160,22 @@ def create_app(settings: Settings | None = None, engine_socket: str | None = Non
                 log.debug("malloc mmap threshold fixed", extra={"bytes": settings.malloc_mmap_threshold})
             # Loads every model, then watches MODELS_DIR when MODEL_POLL_S is set.
             state.loader = asyncio.create_task(control.run(), name="load-bundles")
+        grpc_server = None
+        if settings.grpc_port is not None:  # grpc is imported only where it serves
+            from app.api.grpc_v2 import server as grpc_v2
+
+            grpc_server = await grpc_v2.start(state, app.version, settings.grpc_host, settings.grpc_port)
+            log.info("serving gRPC", extra={"host": settings.grpc_host, "port": settings.grpc_port})
         restore_signals = _hook_termination(state)
         try:
             yield
         finally:
             state.shutting_down = True
             log.info("shutting down: readiness is off, waiting for in-flight requests")
+            # gRPC takes no new calls from here; its calls in flight count in state.in_flight.
+            stopping = (
+                asyncio.ensure_future(grpc_server.stop(settings.shutdown_grace_s)) if grpc_server else None
+            )
             if not await state.wait_idle(settings.shutdown_grace_s):
                 log.warning(
                     "shutdown grace period over with requests still in flight",
@@ -172,6 +185,8 @@ def create_app(settings: Settings | None = None, engine_socket: str | None = Non
                 state.loader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await state.loader
+            if stopping is not None:
+                await stopping
             await control.close()
             gc.unfreeze()  # settle_heap's objects: collectable again once the app is gone
             restore_signals()
@@ -199,7 +214,7 @@ def create_app(settings: Settings | None = None, engine_socket: str | None = Non
     # reach error responses too, oversized bodies stop before FastAPI parses them, and excess
     # requests are refused once their body is in (so slow senders never hold an admission slot)
     # but before it is parsed and tokenized.
-    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight, metrics=metrics)
+    app.add_middleware(AdmissionMiddleware, admission=state.admission)
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=settings.max_body_bytes,

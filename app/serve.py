@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     args = parser.parse_args(argv)
+    os.environ.setdefault("GRPC_HOST", args.host)  # GRPC_PORT listens where HTTP does, unless told otherwise
     settings = Settings()
     if settings.api_servers <= 1:
         command = [

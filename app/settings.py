@@ -70,6 +70,14 @@ class Settings(BaseSettings):
         128, ge=1, description="Requests per task endpoint being served at once before 429"
     )
     max_body_bytes: int = Field(1 << 20, ge=1024)
+    grpc_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Also serve the Open Inference Protocol over gRPC (KServe V2; Triton uses 8001) on this "
+        "port; unset = off",
+    )
+    grpc_host: str = Field("0.0.0.0", description="The address GRPC_PORT listens on")
     # The connection layer below ASGI (app/api/connections.py): what a proxy would otherwise enforce.
     header_timeout_s: float = Field(
         10.0, gt=0, description="A request's line and headers must arrive within this many seconds (408)"
@@ -137,9 +145,9 @@ class Settings(BaseSettings):
     )
     shutdown_grace_s: float = Field(30.0, ge=0, description="How long shutdown waits for in-flight work")
 
-    @field_validator("api_key", "admin_api_key", mode="before")
+    @field_validator("api_key", "admin_api_key", "grpc_port", mode="before")
     @classmethod
-    def _empty_key_is_none(cls, value: object) -> object:
+    def _empty_is_none(cls, value: object) -> object:  # `KEY=` in a compose or env file: unset
         return None if value in ("", None) else value
 
     @model_validator(mode="after")

@@ -122,6 +122,19 @@ ERRORS: dict[type[Exception], Status] = {
     QueueTimedOut: Status(503, "queue_timeout", retry=True),
 }
 
+# The same statuses as gRPC codes (grpc.StatusCode names), for V2 over gRPC (app/api/grpc_v2/server.py).
+GRPC_CODES = {
+    **dict.fromkeys((400, 413, 415, 422, 431), "INVALID_ARGUMENT"),
+    401: "UNAUTHENTICATED",
+    404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    409: "FAILED_PRECONDITION",
+    429: "RESOURCE_EXHAUSTED",
+    CLIENT_CLOSED: "CANCELLED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
 
 # What the OpenAPI page lists for the task routes and the admin routes.
 TASK_RESPONSES: dict[int | str, dict[str, Any]] = {

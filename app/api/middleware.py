@@ -119,8 +119,31 @@ class InFlight:
         self._gauge.dec()
 
 
+class Admission:
+    """MAX_IN_FLIGHT requests per task being served: the one back-pressure point of every protocol
+    (AdmissionMiddleware for HTTP, app/api/grpc_v2/server.py for gRPC)."""
+
+    def __init__(self, max_in_flight: int, metrics: Metrics):
+        self.max_in_flight, self.metrics = max_in_flight, metrics
+        self.active = dict.fromkeys(TASK_PATHS.values(), 0)
+
+    def refusal(self, task: str) -> Overloaded | None:
+        """None when a request of `task` may start now (the caller then holds a slot until `leave`)."""
+        if self.active[task] < self.max_in_flight:
+            self.active[task] += 1
+            return None
+        self.metrics.rejected.labels(task=task, reason="in_flight_limit", model="").inc()
+        return Overloaded(
+            f"server is busy: {self.active[task]} {task} requests in flight (MAX_IN_FLIGHT); "
+            f"retry after {RETRY_AFTER_S}s"
+        )
+
+    def leave(self, task: str) -> None:
+        self.active[task] -= 1
+
+
 class AdmissionMiddleware:
-    """Refuse an inference request with 429 when its task already has `max_in_flight` requests
+    """Refuse an inference request with 429 when its task already has MAX_IN_FLIGHT requests
     being served. It sits inside BodyLimitMiddleware: a request counts once its body is in, so
     clients that send slowly never hold a slot.
 
@@ -129,29 +152,22 @@ class AdmissionMiddleware:
     wait behind the backlog, and every waiting request would hold its parsed body in memory.
     """
 
-    def __init__(self, app: ASGIApp, max_in_flight: int, metrics: Metrics):
-        self.app, self.max_in_flight, self.metrics = app, max_in_flight, metrics
-        self.active = dict.fromkeys(TASK_PATHS.values(), 0)
+    def __init__(self, app: ASGIApp, admission: Admission):
+        self.app, self.admission = app, admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = inference_task(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if task is None or task not in self.active:
+        if task is None or task not in self.admission.active:
             await self.app(scope, receive, send)
             return
-        if self.active[task] >= self.max_in_flight:
-            self.metrics.rejected.labels(task=task, reason="in_flight_limit", model="").inc()
-            message = (
-                f"server is busy: {self.active[task]} {task} requests in flight (MAX_IN_FLIGHT); "
-                f"retry after {RETRY_AFTER_S}s"
-            )
-            response = domain_error_response(Overloaded(message), message)
-            await response(scope, receive, send)
+        refused = self.admission.refusal(task)
+        if refused is not None:
+            await domain_error_response(refused, refused.message)(scope, receive, send)
             return
-        self.active[task] += 1
         try:
             await self.app(scope, receive, send)
         finally:
-            self.active[task] -= 1
+            self.admission.leave(task)
 
 
 def bearer_matches(scope: Scope, key: SecretStr) -> bool:

@@ -112,10 +112,6 @@ async def serve(
     return await run_leased(request, response, kind.task, body.model, work, schedule, cache_as=cache_as)
 
 
-def not_serving(model: str, version: str, serving: str | None) -> NoModel:
-    return NoModel(f"model {model!r} does not serve version {version!r} (serving: {serving or 'none'})")
-
-
 async def run_leased(
     request: Request,
     response: Response,
@@ -135,7 +131,7 @@ async def run_leased(
     # The version serving now answers the whole request, even if a new one is swapped in meanwhile.
     with state.registry.lease(task, model) as bundle:
         if version is not None and version != bundle.version:
-            raise not_serving(bundle.name, version, bundle.version)
+            raise NoModel.not_serving(bundle.name, version, bundle.version)
         request.scope[MODEL_SCOPE_KEY] = bundle.name
         if cache is not None:
             assert cache_as is not None
@@ -275,9 +271,9 @@ async def tokenize(body: TokenizeRequest, request: Request, response: Response) 
     )
 
 
-def readiness(request: Request) -> tuple[bool, str, dict[str, str], dict[str, str]]:
-    """The registry's readiness, and never ready while shutting down (/ready, /v2/health/ready)."""
-    state = state_of(request)
+def readiness(state: Any) -> tuple[bool, str, dict[str, str], dict[str, str]]:
+    """The registry's readiness, and never ready while shutting down (/ready, /v2/health/ready, gRPC's
+    ServerReady); `state` is the app's ServiceState."""
     is_ready, status, models, errors = state.registry.readiness()
     if state.shutting_down:
         is_ready, status = False, "shutting_down"
@@ -364,7 +360,7 @@ async def health() -> HealthResponse:
     summary="Readiness: every bundle loaded and warmed, and not shutting down",
 )
 async def ready(request: Request) -> JSONResponse:
-    is_ready, status, models, errors = readiness(request)
+    is_ready, status, models, errors = readiness(state_of(request))
     # Why a model failed is for operators: with API_KEY set, only a caller with the key reads it
     # (the logs have it all); a probe learns ready or not, and each model's status.
     settings = state_of(request).settings

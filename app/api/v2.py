@@ -17,7 +17,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -26,15 +26,21 @@ from app.api.serving.services import TASK_SCHEMAS
 from app.api.serving.task_service import TaskService, Timings
 from app.api.v2_schemas import V2InferRequest, V2ModelMetadata, V2OutputTensor, V2TensorMetadata
 from app.engine.batch_types import Priority
-from app.errors import InvalidTensor, RequestError, TooManyInputs
+from app.errors import InvalidTensor, NoModel, RequestError, TooManyInputs
 from processing.tasks import TaskSpec, Tensor
 
+if TYPE_CHECKING:
+    from app.engine.table import Model
+
+SERVER_NAME = "bert-serving"
 PLATFORM = "onnx_onnxv1"  # the Open Inference Protocol's name for an ONNX Runtime model
 # Server extensions: request `parameters` (Triton's "parameters"), Triton's schedule policy, and
 # Triton's binary tensor data (app/api/v2_binary.py).
 EXTENSIONS = ["parameters", "schedule_policy", "binary_tensor_data"]
-# Not options: the model is in the path, and the batch is the tensors' first axis (not `inputs`).
-NOT_PARAMETERS = {"model", "inputs", "timeout_ms", "priority"}
+GRPC_EXTENSIONS = EXTENSIONS[:2]  # gRPC's tensors are binary already (raw_input_contents)
+# Not options: the model is in the path, the batch is the tensors' first axis (not `inputs`), and
+# `parameters` (Hugging Face's envelope on TEI's routes) is this request's own.
+NOT_PARAMETERS = {"model", "inputs", "timeout_ms", "priority", "parameters"}
 # MLServer's and KServe's codec hint (text is text here), and the binary tensor data extension's
 # parameters, which app/api/v2_binary.py has applied before the tensors get here.
 IGNORED_PARAMETERS = {"content_type", "binary_data", "binary_data_output", "binary_data_size"}
@@ -326,6 +332,13 @@ def encode(outputs: list[Tensor], answers: list[BaseModel]) -> list[V2OutputTens
             shape, data = [len(values), width], [element(tensor, x) for v in values for x in v]
         tensors.append(V2OutputTensor(name=tensor.name, datatype=tensor.datatype, shape=shape, data=data))
     return tensors
+
+
+def check_version(model: Model, version: str | None) -> None:
+    """A request naming a version asks for that one: only the version in service can answer."""
+    serving = model.current.version if model.current is not None else None
+    if version is not None and version != serving:
+        raise NoModel.not_serving(model.name, version, serving)
 
 
 def model_metadata(spec: TaskSpec, name: str, versions: list[str]) -> V2ModelMetadata:

@@ -14,7 +14,7 @@ from starlette.types import Message
 
 from app.api import v2, v2_binary
 from app.api.error_table import NOT_READY, V2_RESPONSES
-from app.api.routes import not_serving, readiness, run_leased, state_of
+from app.api.routes import readiness, run_leased, state_of
 from app.api.scheduling import schedule_for
 from app.api.serving.task_service import Timings
 from app.api.v2_schemas import (
@@ -29,9 +29,7 @@ from app.api.v2_schemas import (
 from processing.tasks import TASKS
 
 if TYPE_CHECKING:
-    from app.engine.table import Bundle, Model
-
-SERVER_NAME = "bert-serving"
+    from app.engine.table import Bundle
 
 
 class JSONBodyRoute(APIRoute):
@@ -72,7 +70,7 @@ model_routes = {"responses": V2_RESPONSES}  # behind the key: AuthMiddleware
 
 @router.get("", response_model=V2ServerMetadata, summary="Server metadata: name, version, extensions")
 async def server_metadata(request: Request) -> V2ServerMetadata:
-    return V2ServerMetadata(name=SERVER_NAME, version=request.app.version, extensions=v2.EXTENSIONS)
+    return V2ServerMetadata(name=v2.SERVER_NAME, version=request.app.version, extensions=v2.EXTENSIONS)
 
 
 @router.get("/health/live", response_model=V2Live, summary="Liveness")
@@ -87,22 +85,15 @@ async def live() -> V2Live:
     summary="Readiness: every model serving, as /ready",
 )
 async def ready(request: Request) -> JSONResponse:
-    is_ready = readiness(request)[0]
+    is_ready = readiness(state_of(request))[0]
     return JSONResponse(V2Ready(ready=is_ready).model_dump(), status_code=200 if is_ready else NOT_READY)
-
-
-def check_version(model: Model, version: str | None) -> None:
-    """A path naming a version asks for that one: only the version in service can answer."""
-    serving = model.current.version if model.current is not None else None
-    if version is not None and version != serving:
-        raise not_serving(model.name, version, serving)
 
 
 @router.get("/models/{name}", response_model=V2ModelMetadata, summary="Model metadata", **model_routes)
 @router.get("/models/{name}/versions/{version}", response_model=V2ModelMetadata, **model_routes)
 async def model_metadata(request: Request, name: str, version: str | None = None) -> V2ModelMetadata:
     model = state_of(request).registry.resolve(None, name)
-    check_version(model, version)
+    v2.check_version(model, version)
     assert model.task is not None  # the registry serves no model whose task it could not read
     serving = [model.current.version] if model.current is not None else []
     return v2.model_metadata(TASKS[model.task], model.name, serving)
@@ -115,7 +106,7 @@ READY_RESPONSES = {**model_routes, "responses": {**V2_RESPONSES, NOT_READY: {"mo
 @router.get("/models/{name}/versions/{version}/ready", response_model=V2ModelReady, **READY_RESPONSES)
 async def model_ready(request: Request, name: str, version: str | None = None) -> JSONResponse:
     model = state_of(request).registry.resolve(None, name)
-    check_version(model, version)
+    v2.check_version(model, version)
     body = V2ModelReady(name=model.name, ready=model.current is not None)
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else NOT_READY)
 

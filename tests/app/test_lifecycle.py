@@ -206,7 +206,7 @@ def test_sigterm_turns_readiness_off_then_calls_the_server_handler():
     calls = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
     try:
-        state = ServiceState(settings=None, metrics=None, registry=None, in_flight=None)  # type: ignore[arg-type]
+        state = ServiceState(settings=None, metrics=None, registry=None, in_flight=None, admission=None)  # type: ignore[arg-type]
         restore = _hook_termination(state)
         os.kill(os.getpid(), signal.SIGTERM)
         assert state.shutting_down and calls == [signal.SIGTERM]

@@ -3,7 +3,7 @@ the same answers as one process, bit for bit; metrics counted once across proces
 under load that loses nothing and never answers from the old version after its acknowledgement;
 a killed front end losing exactly the requests on its own connections, restarted while the others
 serve; a killed engine ending the service with status 1 (the documented choice); SIGTERM draining
-every process to exit 0."""
+every process to exit 0; gRPC (GRPC_PORT) served by every front end on the one port."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ class Service:
     process: subprocess.Popen
     url: str
     log: Path
+    grpc: str = ""  # host:port, with GRPC_PORT
 
     def pids(self) -> tuple[list[int], int]:
         """(front ends, engine) as the supervisor last reported them."""
@@ -119,9 +120,10 @@ def split_models(app_bundles, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def three(split_models, tmp_path_factory) -> Iterator[Service]:
-    service = start(
-        split_models, tmp_path_factory.mktemp("three") / "serve.log", 3, ADMIN_API_KEY="split-admin"
-    )
+    grpc_port = free_port()
+    log = tmp_path_factory.mktemp("three") / "serve.log"
+    service = start(split_models, log, 3, ADMIN_API_KEY="split-admin", GRPC_PORT=str(grpc_port))
+    service.grpc = f"127.0.0.1:{grpc_port}"
     yield service
     assert service.stop() == 0
 
@@ -162,6 +164,29 @@ def test_metrics_count_every_request_once_across_processes(three) -> None:
         assert httpx.post(f"{three.url}/ner", json={"text": "Ada in London"}).status_code == 200
     assert count(three.url, "/ner") - before == sent
     assert count(three.url, "/ner") - before == sent  # any front end's scrape shows the same
+
+
+def test_every_front_end_serves_grpc_on_the_one_port(three) -> None:
+    import numpy as np
+    import tritonclient.grpc as triton
+
+    port = int(three.grpc.rpartition(":")[2])
+    fronts, engine = three.pids()
+    for pid in fronts:  # SO_REUSEPORT: the kernel spreads new connections over them
+        listening = psutil.Process(pid).net_connections("tcp")
+        assert any(c.status == "LISTEN" and c.laddr.port == port for c in listening), pid
+    assert not any(c.laddr.port == port for c in psutil.Process(engine).net_connections("tcp"))
+    endpoint = "/inference.GRPCInferenceService/ModelInfer"
+    before = count(three.url, endpoint)
+    sent = 20
+    for _ in range(sent):  # a new channel each: a new connection
+        client = triton.InferenceServerClient(three.grpc)
+        text = triton.InferInput("text", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"Ada in London"], dtype=object))
+        entities = client.infer("ner", [text]).as_numpy("entities")
+        client.close()
+        assert entities.shape == (1,) and entities[0].startswith(b"[")
+    assert count(three.url, endpoint) - before == sent
 
 
 class Connection:

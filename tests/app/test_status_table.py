@@ -44,3 +44,11 @@ def test_a_retryable_error_says_when_and_a_challenge_names_its_scheme() -> None:
     denied = errors.domain_error_response(typed.Unauthorized("no key"), "no key")
     assert denied.status_code == 401 and denied.headers["WWW-Authenticate"] == "Bearer"
     assert "retry-after" not in denied.headers
+
+
+def test_every_status_has_its_grpc_code() -> None:
+    import grpc
+
+    statuses = {status.status for status in errors.ERRORS.values()} | {errors.CLIENT_CLOSED}
+    assert statuses <= set(errors.GRPC_CODES)
+    assert all(isinstance(grpc.StatusCode[name], grpc.StatusCode) for name in errors.GRPC_CODES.values())

@@ -117,7 +117,8 @@ def test_serving_stages_check_health_and_use_the_entrypoint(stages, target):
     envs = " ".join(instructions(stage, "ENV"))
     assert "MODELS_DIR=/models" in envs
     port = re.search(r"\bPORT=(\d+)", envs).group(1)
-    assert instructions(stage, "EXPOSE") == [port]
+    grpc_port = re.search(r"\bGRPC_PORT=(\d+)", envs).group(1)  # V2 over gRPC
+    assert instructions(stage, "EXPOSE") == [f"{port} {grpc_port}"]
 
 
 def dockerignored(path: str) -> bool:

@@ -20,7 +20,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from deploy.podman.stack import podman
 from scripts import check_endpoints
@@ -77,15 +79,16 @@ class Container:
     """One container of `image`, run with the compose file's environment and the k8s security."""
 
     def __init__(self, image: str, name: str) -> None:
-        self.name, self.port = name, free_port()
+        self.name, self.port, grpc_port = name, free_port(), free_port()
         podman("rm", "-f", name, check=False)
         podman(
             "run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp:rw,size=256m,mode=1777",
-            "-p", f"127.0.0.1:{self.port}:8000",
+            "-p", f"127.0.0.1:{self.port}:8000", "-p", f"127.0.0.1:{grpc_port}:8001",
             "-e", f"API_KEY={API_KEY}", "-e", "SHUTDOWN_GRACE_S=10", "-e", "INTRA_OP_THREADS=2",
             image,
         )  # fmt: skip
         self.url = f"http://127.0.0.1:{self.port}"
+        self.grpc = f"127.0.0.1:{grpc_port}"  # the image's GRPC_PORT, 8001
 
     def wait_healthy(self, timeout: float = 300) -> None:
         """Healthy by the image's own HEALTHCHECK command, then ready (every model loaded)."""
@@ -167,6 +170,16 @@ def test_kserve_v2_inference_answers(container):
     answer = check_endpoints.post(container.url, "v2/models/sst2-minilm/infer", {"inputs": [text]}, AUTH)
     outputs = {output["name"]: output["data"] for output in answer["outputs"]}
     assert answer["model_name"] == "sst2-minilm" and outputs["label"] == ["positive"]
+
+
+def test_kserve_v2_over_grpc_answers(container):
+    """What Triton's gRPC client, or KServe's `protocolVersion: grpc-v2`, reaches on the image's 8001."""
+    client = grpcclient.InferenceServerClient(container.grpc)
+    text = grpcclient.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array(["A wonderful, moving film."], dtype=object))
+    result = client.infer("sst2-minilm", [text], headers={"authorization": f"Bearer {API_KEY}"})
+    assert result.as_numpy("label").tolist() == [b"positive"]
+    client.close()
 
 
 def test_hostile_inputs_get_answers_or_clear_4xx(container):

@@ -130,8 +130,11 @@ def test_selectors_and_names_line_up(base, container):
     assert selector.items() <= pod_labels.items()
     service = base["Service"]["spec"]
     assert service["selector"].items() <= pod_labels.items()
-    (port,) = service["ports"]
-    assert port["targetPort"] in [p["name"] for p in container["ports"]]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert [port["targetPort"] for port in service["ports"]] == ["http", "grpc"]
+    assert set(named) == {"http", "grpc"}
+    settings = base["ConfigMap"]["data"]
+    assert (named["http"], named["grpc"]) == (int(settings["PORT"]), int(settings["GRPC_PORT"]))
     target = base["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
     pdb = base.get("PodDisruptionBudget")

@@ -77,6 +77,15 @@ def auto_max_connections() -> int:
     return max(16, min(4096, soft - 128)) if soft != resource.RLIM_INFINITY else 4096
 
 
+def connection_budget(max_connections: int, grpc_port: int | None) -> tuple[int, int]:
+    """(HTTP, gRPC) connections of this process: MAX_CONNECTIONS (0 = auto) is the whole budget of
+    descriptors for clients, a quarter of it gRPC's when GRPC_PORT serves (a gRPC client multiplexes
+    its calls on one connection)."""
+    total = max_connections or auto_max_connections()
+    grpc = total // 4 if grpc_port is not None else 0
+    return total - grpc, grpc
+
+
 class Guard:
     """The process's connections (oldest first) and the body bytes still arriving."""
 
@@ -98,7 +107,7 @@ class Guard:
             s.max_header_bytes,
             s.body_timeout_s,
             int(s.max_pending_body_mb * MB),
-            s.max_connections or auto_max_connections(),
+            connection_budget(s.max_connections, s.grpc_port)[0],
             s.max_batch_items,
             s.max_choices,
             s.refusal_delay_ms / 1000,

@@ -5,6 +5,7 @@ problem, the key, MAX_IN_FLIGHT, the call's deadline, the message limit, request
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import Any
 
@@ -340,3 +341,31 @@ async def test_a_port_in_use_stops_startup_and_shutdown_frees_it(models_dir):
         await Channel(f"127.0.0.1:{port}").call("ServerLive", CLASSES["ServerLiveRequest"]())
     with socket.socket() as again:
         again.bind(("127.0.0.1", port))  # nothing listens any more
+
+
+def test_grpc_takes_a_quarter_of_the_connection_budget():
+    from app.api.connections import connection_budget
+
+    assert connection_budget(8, None) == (8, 0)
+    assert connection_budget(8, 8001) == (6, 2)
+
+
+async def test_connections_beyond_grpc_s_share_are_refused(models_dir):
+    port = free_port()
+    async with serving(models_dir, grpc_port=port, grpc_host="127.0.0.1", max_connections=8):  # gRPC: 2
+        channels = []
+        for _ in range(3):  # a channel each, on its own connection (no shared subchannel)
+            channel = Channel(f"127.0.0.1:{port}")
+            channel.channel = grpc.aio.insecure_channel(
+                f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+            )
+            channels.append(channel)
+        for channel in channels[:2]:
+            await channel.call("ServerLive", CLASSES["ServerLiveRequest"]())
+        error = await channels[2].error("ServerLive", CLASSES["ServerLiveRequest"](), timeout=5)
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        await channels[0].channel.close()
+        await asyncio.sleep(0.2)
+        await channels[2].call("ServerLive", CLASSES["ServerLiveRequest"](), timeout=5, wait_for_ready=True)
+        for channel in channels[1:]:
+            await channel.channel.close()

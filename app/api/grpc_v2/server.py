@@ -2,15 +2,16 @@
 (ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer), as Triton and KServe
 serve it, beside HTTP in the same process and event loop (each front end's, under API_SERVERS > 1).
 
-Every rule is the V2 HTTP routes', from the same code: tensors <-> tasks (app/api/v2.py), the key rule
-(app/api/auth.py, by the RPC's HTTP twin: health and readiness open, metadata and inference behind
-API_KEY, sent as `authorization: Bearer <key>` metadata), MAX_IN_FLIGHT (the shared Admission), the
-error table (each error's HTTP status becomes a gRPC code below; its code name is the `error-code`
-trailer), request ids (`x-request-id`), the schedule (the `timeout_ms` / `priority` parameters or
-`x-timeout-ms` / `x-priority` metadata, cut to the call's gRPC deadline), metrics and access logs.
-MAX_BODY_BYTES bounds a message and MAX_HEADER_BYTES its metadata. Tensor data come as typed `contents`
-or as `raw_input_contents` (Triton's client sends raw); the answer is raw when the request was, which
-is how Triton's client reads it. Not here: the response cache, and Triton's extra RPCs.
+Every rule is the V2 HTTP routes', from the same code: tensors <-> tasks (app/api/v2.py), the key
+rule (app/api/auth.py, by the RPC's HTTP twin: health and readiness open, metadata and inference
+behind API_KEY, sent as `authorization: Bearer <key>` metadata), MAX_IN_FLIGHT (the shared
+Admission), the error table (an error's HTTP status and, in GRPC_CODES, its gRPC code; its code name
+is the `error-code` trailer), request ids (`x-request-id`), the schedule (the `timeout_ms` /
+`priority` parameters or `x-timeout-ms` / `x-priority` metadata, cut to the call's gRPC deadline),
+metrics and access logs. MAX_BODY_BYTES bounds a message and MAX_HEADER_BYTES its metadata. Tensor
+data come as typed `contents` or as `raw_input_contents` (Triton's client sends raw); the answer is
+raw when the request was, which is how Triton's client reads it. Not here: the response cache, and
+Triton's extra RPCs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from starlette.datastructures import Headers
 
 from app.api import v2, v2_binary
 from app.api.auth import KeyRule
+from app.api.connections import connection_budget
 from app.api.error_table import (
     CLIENT_CLOSED,
     GRPC_CODES,
@@ -56,6 +58,7 @@ HTTP_TWIN = {
     "ModelMetadata": "/v2/models/_",
     "ModelInfer": "/v2/models/_/infer",
 }
+IDLE_MS = 75_000
 QUIET = {"ServerLive", "ServerReady", "ModelReady"}  # probes: logged at DEBUG, as /health is
 # Typed contents by datatype (INT8/16 and UINT8/16 travel widened, as the protocol says).
 CONTENTS = {
@@ -295,6 +298,11 @@ async def start(state: Any, version: str, host: str, port: int) -> grpc.aio.Serv
     options = [
         ("grpc.max_receive_message_length", settings.max_body_bytes),
         ("grpc.max_metadata_size", settings.max_header_bytes),
+        # Its share of MAX_CONNECTIONS (connections.connection_budget); beyond it new connections close.
+        ("grpc.max_allowed_incoming_connections", connection_budget(settings.max_connections, port)[1]),
+        # An idle connection (no call) closes after this long, as HTTP's keep-alive in the image does,
+        # so idle sockets cannot hold the share; clients reconnect on their next call.
+        ("grpc.max_connection_idle_ms", IDLE_MS),
         # A connection must finish its handshake as quickly as a request's headers must arrive.
         ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
         # Every process of one service listens on the port (API_SERVERS front ends, uvicorn's --workers)

@@ -135,6 +135,7 @@ def create_app(settings: Settings | None = None, engine_socket: str | None = Non
             engine,
             make_service=lambda bundle: make_service(bundle, settings, engine),
             on_retired=on_retired,
+            lone_request=lambda: state.in_flight.count <= 1,  # HTTP and gRPC requests being served
         )
     else:
         registry = FrontTable(settings, lambda bundle: make_service(bundle, settings, remote), on_retired)

@@ -66,6 +66,7 @@ class Batcher:
         name: str = "model",
         concurrency: int = 1,
         inline_tokens: int = 0,
+        lone_request: Callable[[], bool] | None = None,
         compute: ComputeSlots | None = None,
         aging_ms: float = 500.0,
         clock: Callable[[], float] = time.perf_counter,
@@ -100,6 +101,10 @@ class Batcher:
         # A batch of at most this many padded tokens, alone in an idle model, runs on the loop itself:
         # a millisecond of inference, where a worker thread's round trip adds a tenth (0: never).
         self.inline_tokens = inline_tokens
+        # And only while the process serves that one request (None: always): the loop it would block
+        # is what receives the others. gRPC hands the loop its calls one at a time, so a loop busy with
+        # each lone-looking call in turn ran them one by one, never two queued at once.
+        self.lone_request = lone_request
         self.compute = compute  # shared by every model on the device: a batch runs holding a slot
         # A normal item this old anchors batches as if it were high priority: the starvation bound.
         self.aging_s = aging_ms / 1000.0
@@ -323,6 +328,7 @@ class Batcher:
                 alone = not self._in_flight and not self._queue
                 alone = alone and (self.compute is None or self.compute.held <= 1)
                 inline = alone and padded_tokens(selected) <= self.inline_tokens
+                inline = inline and (self.lone_request is None or self.lone_request())
                 task = loop.create_task(self._run_batch(selected, loop, inline, alone))
                 self._in_flight.add(task)
                 task.add_done_callback(self._batch_done)

@@ -39,12 +39,14 @@ class ModelControl:
         make_service: Callable[[Bundle], Any] | None = None,
         on_retired: Callable[[str, str], None] | None = None,
         before_retire: Callable[[], Awaitable[None]] | None = None,
+        lone_request: Callable[[], bool] | None = None,
     ):
         """`make_service` builds a version's front-end service when it loads (the entry module wires
         it; the engine knows nothing of the front end); `on_retired(model, version)` is the event a
         retired version sends, on which the front end forgets its answers (the response cache)."""
         self.registry = registry
         self.engine = engine
+        self.lone_request = lone_request  # the process serves one request now (Batcher's inline rule)
         self.make_service = make_service
         self.on_retired = on_retired
         # In the engine process: publish the table without the version, and wait until every front
@@ -196,6 +198,7 @@ class ModelControl:
             name=f"{bundle.name}-{bundle.version}",
             concurrency=bundle.runtime.instances,
             inline_tokens=settings.inline_batch_tokens if device == "cpu" else 0,
+            lone_request=self.lone_request,
             compute=self.registry.compute,
             aging_ms=settings.priority_aging_ms,
         )

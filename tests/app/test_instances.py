@@ -224,6 +224,30 @@ async def test_small_batch_in_an_idle_model_runs_on_the_event_loop():
     await never.stop()
 
 
+async def test_only_a_lone_request_runs_on_the_event_loop():
+    """Other requests in the process (lone_request false) keep the loop free to receive them."""
+    runtime, loop_thread, lone = ThreadRecorder(), threading.get_ident(), [False]
+    batcher = Batcher(runtime, collate, max_wait_ms=0, inline_tokens=16, lone_request=lambda: lone[0])
+    batcher.start()
+    await asyncio.gather(*batcher.submit([WorkItem(payload=1, length=4)]))
+    lone[0] = True
+    await asyncio.gather(*batcher.submit([WorkItem(payload=1, length=4)]))
+    assert runtime.threads[0] != loop_thread and runtime.threads[1] == loop_thread
+    await batcher.stop()
+
+
+async def test_the_app_s_lone_request_is_its_in_flight_count(models_dir):
+    async with serving(models_dir) as (app, _):
+        state = app.state.service_state
+        batcher = state.registry.serving("classify", None).batcher
+        assert batcher.lone_request is not None
+        state.in_flight.count = 1  # this request alone
+        assert batcher.lone_request()
+        state.in_flight.count = 2
+        assert not batcher.lone_request()
+        state.in_flight.count = 0
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [

@@ -195,6 +195,11 @@ BAD = [
         grpc.StatusCode.INVALID_ARGUMENT,
         "raw_input_contents holds 2",
     ),
+    (
+        CLASSES["ModelInferRequest"](model_name="classify", inputs=[{"name": "text"}] * 10_000),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "10000 inputs and 0 requested outputs: classify models take text (BYTES [-1])",
+    ),
 ]
 
 

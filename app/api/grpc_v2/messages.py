@@ -109,7 +109,10 @@ METHODS = {
 }
 
 
-def _field(message: descriptor_pb2.DescriptorProto, name: str, number: int, kind: Any, how: str) -> None:
+def _field(
+    message: descriptor_pb2.DescriptorProto, full: str, name: str, number: int, kind: Any, how: str
+) -> None:
+    """One field of `message` (whose full name, under the package, is `full`)."""
     field = message.field.add(name=name, number=number, json_name=_camel(name))
     field.label = F.LABEL_REPEATED if how == REPEATED else F.LABEL_OPTIONAL
     if kind == PARAMETERS:  # a map is a repeated nested entry message (key = 1, value = 2)
@@ -118,8 +121,8 @@ def _field(message: descriptor_pb2.DescriptorProto, name: str, number: int, kind
         entry.field.add(name="key", number=1, type=STRING, label=F.LABEL_OPTIONAL, json_name="key")
         value = entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL)
         value.type_name, value.json_name = f".{PACKAGE}.InferParameter", "value"
-        # Resolved by _file(), which knows the message's full name.
-        field.label, field.type, field.type_name = F.LABEL_REPEATED, F.TYPE_MESSAGE, "ParametersEntry"
+        field.label, field.type = F.LABEL_REPEATED, F.TYPE_MESSAGE
+        field.type_name = f".{PACKAGE}.{full}.ParametersEntry"
     elif isinstance(kind, str):
         field.type, field.type_name = F.TYPE_MESSAGE, f".{PACKAGE}.{kind}"
     else:
@@ -145,10 +148,7 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         message = (built[parent].nested_type if parent else file.message_type).add(name=name)
         built[full] = message
         for field in fields:
-            _field(message, *field)
-        for field in message.field:
-            if field.type_name == "ParametersEntry":
-                field.type_name = f".{PACKAGE}.{full}.ParametersEntry"
+            _field(message, full, *field)
     service = file.service.add(name=SERVICE.rpartition(".")[2])
     for rpc, (request, response) in METHODS.items():
         service.method.add(name=rpc, input_type=f".{PACKAGE}.{request}", output_type=f".{PACKAGE}.{response}")

@@ -271,8 +271,14 @@ class InferenceService:
         if refused is not None:
             raise refused
         try:
+            spec = TASKS[model.task]
+            if len(message.inputs) > len(spec.v2.inputs) or len(message.outputs) > len(spec.v2.outputs):
+                raise InvalidTensor(  # before any of them is read
+                    f"{len(message.inputs)} inputs and {len(message.outputs)} requested outputs: {spec.name} "
+                    f"models take {v2.describe(spec.v2.inputs)} and answer {v2.describe(spec.v2.outputs)}"
+                )
             body = to_request(message, settings.max_batch_items, max(settings.max_choices, 1))
-            decoded = v2.decode(TASKS[model.task], body, settings.max_batch_items)
+            decoded = v2.decode(spec, body, settings.max_batch_items)
             timeout_ms = decoded.timeout_ms
             left = context.time_remaining()  # None: the call has no deadline
             if left is not None:

@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2 as triton_pb2
 from tritonclient.utils import InferenceServerException
 
 from app.api.grpc_v2 import server as grpc_server
-from app.api.grpc_v2.messages import CLASSES, METHODS, POOL, SERVICE
+from app.api.grpc_v2.messages import CLASSES, MESSAGES, METHODS, POOL, SERVICE
 from processing.tasks import TASKS
 from tests.app.conftest import serving
 from tests.app.test_v2 import ROWS, v2_request
@@ -95,7 +95,7 @@ def test_messages_are_the_protocol_s_field_for_field():
         nested = [(n.name, fields(n)) for n in descriptor.nested_types]
         return sorted(own) + sorted(nested, key=lambda x: x[0])
 
-    for name in CLASSES:
+    for name in [name for name in MESSAGES if "." not in name]:
         ours = POOL.FindMessageTypeByName(f"inference.{name}")
         theirs = triton_pb2.DESCRIPTOR.message_types_by_name[name]
         assert fields(ours) == fields(theirs), name
@@ -374,3 +374,56 @@ async def test_connections_beyond_grpc_s_share_are_refused(models_dir):
         await channels[2].call("ServerLive", CLASSES["ServerLiveRequest"](), timeout=5, wait_for_ready=True)
         for channel in channels[1:]:
             await channel.channel.close()
+
+
+async def test_a_cancelled_call_drops_its_work_and_gives_its_slot_back(models_dir):
+    from tests.app.test_batching import gate, until
+
+    port = free_port()
+    async with serving(models_dir, grpc_port=port, grpc_host="127.0.0.1", model_instances=1) as (app, client):
+        state, channel = app.state.service_state, Channel(f"127.0.0.1:{port}")
+        gated, one = gate(app, "classify"), typed_request("classify", v2_request("classify", [{"text": "x"}]))
+        first = asyncio.ensure_future(channel.call("ModelInfer", one))
+        await until(gated.entered.is_set)  # holds the model
+        second = asyncio.ensure_future(channel.call("ModelInfer", one))
+        batcher = app.state.service_state.registry.serving("classify", None).batcher
+        await until(lambda: batcher.depth == 1)  # queued behind it
+        assert state.admission.active["classify"] == 2
+        second.cancel()  # the client gives up
+        await until(lambda: state.admission.active["classify"] == 1)  # the server's handler ended
+        gated.gate.set()
+        reply, _ = await first
+        assert reply.model_name == "classify" and state.admission.active["classify"] == 0
+        await until(lambda: batcher.depth == 0)
+        await asyncio.sleep(0.1)
+        assert gated.rows == [1]  # only the first call's batch ran: the cancelled one's was dropped
+        metrics = (await client.get("/metrics")).text
+        assert 'endpoint="/inference.GRPCInferenceService/ModelInfer",model="",status="499"' in metrics
+
+
+async def test_grpc_s_health_check_is_readiness(grpc_served):
+    app, _, target = grpc_served
+    state, channel = app.state.service_state, Channel(target)
+    stub = channel.channel.unary_unary(
+        "/grpc.health.v1.Health/Check", response_deserializer=CLASSES["HealthCheckResponse"].FromString
+    )
+
+    async def check(service: str) -> int:
+        return (await stub(CLASSES["HealthCheckRequest"](service=service).SerializeToString())).status
+
+    assert (
+        await check("") == await check("inference.GRPCInferenceService") == await check("ner") == 1
+    )  # SERVING
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await check("no-such-model")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    state.shutting_down = True
+    try:
+        assert await check("") == await check("ner") == 2  # NOT_SERVING
+    finally:
+        state.shutting_down = False
+    watch = channel.channel.unary_stream("/grpc.health.v1.Health/Watch")
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        async for _ in watch(b""):
+            pass
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -2,7 +2,9 @@
 `inference`), declared here field by field and built at import with protobuf's public descriptor API:
 no generated code and no protoc at build time. Field numbers and types are the protocol's; the suite
 checks them against Triton's own client's (tests/app/test_grpc.py), so every V2 gRPC client speaks to
-this server unchanged. Triton's extra RPCs (streaming, repository, statistics) are not served."""
+this server unchanged. Triton's extra RPCs (streaming, repository, statistics) are not served.
+Beside it, gRPC's standard health check (`grpc.health.v1.Health/Check`), which Kubernetes' `grpc`
+probes and grpc-health-probe call."""
 
 from __future__ import annotations
 
@@ -98,6 +100,15 @@ MESSAGES: dict[str, list[tuple[str, int, Any, str]]] = {
         ("bytes_contents", 8, BYTES, REPEATED),
     ],
 }
+# gRPC's health checking protocol (grpc/health/v1/health.proto): Check only, not the Watch stream.
+HEALTH_PACKAGE = "grpc.health.v1"
+HEALTH_SERVICE = f"{HEALTH_PACKAGE}.Health"
+HEALTH_MESSAGES: dict[str, list[tuple[str, int, Any, str]]] = {
+    "HealthCheckRequest": [("service", 1, STRING, "")],
+    "HealthCheckResponse": [("status", 1, INT32, "")],  # the ServingStatus enum: a varint on the wire
+}
+SERVING, NOT_SERVING = 1, 2  # ServingStatus
+HEALTH_METHODS = {"Check": ("HealthCheckRequest", "HealthCheckResponse")}
 # rpc -> (request, response)
 METHODS = {
     "ServerLive": ("ServerLiveRequest", "ServerLiveResponse"),
@@ -112,7 +123,7 @@ METHODS = {
 def _field(
     message: descriptor_pb2.DescriptorProto, full: str, name: str, number: int, kind: Any, how: str
 ) -> None:
-    """One field of `message` (whose full name, under the package, is `full`)."""
+    """One field of `message` (whose full name, under the V2 package, is `full`)."""
     field = message.field.add(name=name, number=number, json_name=_camel(name))
     field.label = F.LABEL_REPEATED if how == REPEATED else F.LABEL_OPTIONAL
     if kind == PARAMETERS:  # a map is a repeated nested entry message (key = 1, value = 2)
@@ -140,26 +151,30 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-def _file() -> descriptor_pb2.FileDescriptorProto:
-    file = descriptor_pb2.FileDescriptorProto(name="grpc_predict_v2.proto", package=PACKAGE, syntax="proto3")
+def _file(
+    name: str, package: str, messages: dict[str, list], service: str, methods: dict[str, tuple[str, str]]
+) -> descriptor_pb2.FileDescriptorProto:
+    file = descriptor_pb2.FileDescriptorProto(name=name, package=package, syntax="proto3")
     built: dict[str, descriptor_pb2.DescriptorProto] = {}
-    for full, fields in MESSAGES.items():  # a nested message is declared after its parent
-        parent, _, name = full.rpartition(".")
-        message = (built[parent].nested_type if parent else file.message_type).add(name=name)
+    for full, fields in messages.items():  # a nested message is declared after its parent
+        parent, _, short = full.rpartition(".")
+        message = (built[parent].nested_type if parent else file.message_type).add(name=short)
         built[full] = message
         for field in fields:
             _field(message, full, *field)
-    service = file.service.add(name=SERVICE.rpartition(".")[2])
-    for rpc, (request, response) in METHODS.items():
-        service.method.add(name=rpc, input_type=f".{PACKAGE}.{request}", output_type=f".{PACKAGE}.{response}")
+    rpcs = file.service.add(name=service.rpartition(".")[2])
+    for rpc, (request, response) in methods.items():
+        rpcs.method.add(name=rpc, input_type=f".{package}.{request}", output_type=f".{package}.{response}")
     return file
 
 
 # A private pool: another copy of the protocol in the process (Triton's client's) cannot clash.
 POOL = descriptor_pool.DescriptorPool()
-POOL.Add(_file())
+POOL.Add(_file("grpc_predict_v2.proto", PACKAGE, MESSAGES, SERVICE, METHODS))
+POOL.Add(_file("health.proto", HEALTH_PACKAGE, HEALTH_MESSAGES, HEALTH_SERVICE, HEALTH_METHODS))
 CLASSES: dict[str, Any] = {
-    name: message_factory.GetMessageClass(POOL.FindMessageTypeByName(f"{PACKAGE}.{name}"))
-    for name in MESSAGES
+    name: message_factory.GetMessageClass(POOL.FindMessageTypeByName(f"{package}.{name}"))
+    for package, messages in ((PACKAGE, MESSAGES), (HEALTH_PACKAGE, HEALTH_MESSAGES))
+    for name in messages
     if "." not in name
 }

@@ -38,7 +38,15 @@ from app.api.error_table import (
     status_for,
     status_of,
 )
-from app.api.grpc_v2.messages import CLASSES, METHODS, SERVICE
+from app.api.grpc_v2.messages import (
+    CLASSES,
+    HEALTH_METHODS,
+    HEALTH_SERVICE,
+    METHODS,
+    NOT_SERVING,
+    SERVICE,
+    SERVING,
+)
 from app.api.routes import readiness
 from app.api.scheduling import schedule_for
 from app.api.serving.task_service import Timings
@@ -57,9 +65,10 @@ HTTP_TWIN = {
     "ModelReady": "/v2/models/_/ready",
     "ModelMetadata": "/v2/models/_",
     "ModelInfer": "/v2/models/_/infer",
+    "Check": "/ready",  # gRPC's health check
 }
 IDLE_MS = 75_000
-QUIET = {"ServerLive", "ServerReady", "ModelReady"}  # probes: logged at DEBUG, as /health is
+QUIET = {"ServerLive", "ServerReady", "ModelReady", "Check"}  # probes: logged at DEBUG, as /health is
 # Typed contents by datatype (INT8/16 and UINT8/16 travel widened, as the protocol says).
 CONTENTS = {
     "BOOL": "bool_contents",
@@ -169,22 +178,30 @@ class InferenceService:
         self.state, self.version = state, version
         self.keys = KeyRule(state.settings.api_key, state.settings.admin_api_key)
 
-    def handlers(self) -> grpc.GenericRpcHandler:
-        def handler(rpc: str) -> grpc.RpcMethodHandler:
+    def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
+        def handler(service: str, rpc: str, request: str) -> grpc.RpcMethodHandler:
             # Bytes in: a malformed message is the client's error (INVALID_ARGUMENT, named), not
             # grpc's INTERNAL.
             return grpc.unary_unary_rpc_method_handler(
-                self.call(rpc, getattr(self, rpc)),
+                self.call(service, rpc, request, getattr(self, rpc)),
                 response_serializer=lambda reply: reply.SerializeToString(),
             )
 
-        return grpc.method_handlers_generic_handler(SERVICE, {rpc: handler(rpc) for rpc in METHODS})
+        return tuple(
+            grpc.method_handlers_generic_handler(
+                service, {rpc: handler(service, rpc, request) for rpc, (request, _) in methods.items()}
+            )
+            for service, methods in ((SERVICE, METHODS), (HEALTH_SERVICE, HEALTH_METHODS))
+        )
 
     def call(
-        self, rpc: str, serve: Callable[[Any, Headers, Any], Awaitable[tuple[Any, str]]]
+        self,
+        service: str,
+        rpc: str,
+        request: str,
+        serve: Callable[[Any, Headers, Any], Awaitable[tuple[Any, str]]],
     ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]:
-        state, endpoint = self.state, f"/{SERVICE}/{rpc}"
-        parse = CLASSES[METHODS[rpc][0]].FromString
+        state, endpoint, parse = self.state, f"/{service}/{rpc}", CLASSES[request].FromString
 
         async def run(data: bytes, context: grpc.aio.ServicerContext) -> Any:
             metadata = Headers(
@@ -206,7 +223,7 @@ class InferenceService:
                 try:
                     message = parse(data)
                 except DecodeError:
-                    raise InvalidTensor(f"the request is not a valid {METHODS[rpc][0]} message") from None
+                    raise InvalidTensor(f"the request is not a valid {request} message") from None
                 reply, model = await serve(message, metadata, context)
                 context.set_trailing_metadata(trailers)
                 return reply
@@ -242,6 +259,15 @@ class InferenceService:
 
     async def ServerLive(self, message: Any, metadata: Headers, context: Any) -> tuple[Any, str]:
         return CLASSES["ServerLiveResponse"](live=True), ""
+
+    async def Check(self, message: Any, metadata: Headers, context: Any) -> tuple[Any, str]:
+        """gRPC's health check: the server's readiness ("" or the V2 service), or a model's."""
+        if message.service in ("", SERVICE):
+            ready = readiness(self.state)[0]
+        else:  # an unknown name: NOT_FOUND, as the health protocol asks
+            model = self.state.registry.resolve(None, message.service)
+            ready = model.current is not None and not self.state.shutting_down
+        return CLASSES["HealthCheckResponse"](status=SERVING if ready else NOT_SERVING), ""
 
     async def ServerReady(self, message: Any, metadata: Headers, context: Any) -> tuple[Any, str]:
         return CLASSES["ServerReadyResponse"](ready=readiness(self.state)[0]), ""
@@ -316,7 +342,7 @@ async def start(state: Any, version: str, host: str, port: int) -> grpc.aio.Serv
         ("grpc.so_reuseport", 1),
     ]
     server = grpc.aio.server(options=options)
-    server.add_generic_rpc_handlers((InferenceService(state, version).handlers(),))
+    server.add_generic_rpc_handlers(InferenceService(state, version).handlers())
     try:
         server.add_insecure_port(f"{host}:{port}")
     except RuntimeError as e:

@@ -1,4 +1,5 @@
-"""The one command that serves (`make serve` runs it): `python -m app [--host H] [--port P]`.
+"""The one command that serves (`make serve` and the image run it): `python -m app [--host H] [--port P]
+[UVICORN_OPTION ...]` (other options go to uvicorn: --log-level, --timeout-graceful-shutdown, ...).
 
 API_SERVERS=1 (the default): the whole service in one process, `uvicorn app.main:app`.
 API_SERVERS=N > 1: one engine process (app/engine/process.py: models, batchers, sessions) and N
@@ -35,8 +36,9 @@ POLL_S = 0.1
 
 
 class Supervisor:
-    def __init__(self, servers: int, host: str, port: int, grace_s: float):
+    def __init__(self, servers: int, host: str, port: int, grace_s: float, options: list[str] = ()):
         self.servers, self.host, self.port, self.grace_s = servers, host, port, grace_s
+        self.options = list(options)  # uvicorn's, for every front end
         self.stopping = False
         self.work = Path(tempfile.mkdtemp(prefix="bert-serve-"))
         self.socket_path = str(self.work / "engine.sock")
@@ -54,7 +56,16 @@ class Supervisor:
     def _front_end(self) -> subprocess.Popen:
         assert self.listener is not None
         fd = self.listener.fileno()
-        command = [sys.executable, "-m", "uvicorn", "app.main:app", "--fd", str(fd), *UVICORN_ARGS]
+        command = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:app",
+            "--fd",
+            str(fd),
+            *UVICORN_ARGS,
+            *self.options,
+        ]
         # Sessions of their own: a terminal's Ctrl-C reaches this supervisor only, which stops the
         # processes in order (the engine last, so the front ends' requests drain).
         return subprocess.Popen(command, env=self.env, pass_fds=(fd,), start_new_session=True)
@@ -132,10 +143,12 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m app", description=__doc__.split("\n")[0], allow_abbrev=False
+    )
     parser.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
-    args = parser.parse_args(argv)
+    args, options = parser.parse_known_args(argv)
     os.environ.setdefault("GRPC_HOST", args.host)  # GRPC_PORT listens where HTTP does, unless told otherwise
     settings = Settings()
     if settings.api_servers <= 1:
@@ -149,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
             "--port",
             str(args.port),
             *UVICORN_ARGS,
+            *options,
         ]
         os.execv(sys.executable, command)
-    return Supervisor(settings.api_servers, args.host, args.port, settings.shutdown_grace_s).run()
+    if "--workers" in options or "--fd" in options or "--uds" in options:
+        parser.error("API_SERVERS > 1 runs its own front ends on one socket: no --workers, --fd or --uds")
+    return Supervisor(settings.api_servers, args.host, args.port, settings.shutdown_grace_s, options).run()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Container entrypoint for the BERT service. Settings come from the environment (the same names
-# app/settings.py reads): MODELS_DIR, HOST, PORT, WORKERS, LOG_LEVEL; the app reads the rest itself.
+# app/settings.py reads): MODELS_DIR, HOST, PORT, WORKERS, LOG_LEVEL; the app reads the rest itself
+# (API_SERVERS among them: app/serve.py runs that many front ends over one engine process).
 #
-#   entrypoint.sh [serve] [uvicorn args...]   exec uvicorn app.main:app (the default)
+#   entrypoint.sh [serve] [uvicorn args...]   exec python -m app (the default; uvicorn --workers if WORKERS > 1)
 #   entrypoint.sh --dry-run [uvicorn args...] print the command it would exec, then exit 0
 #   entrypoint.sh healthcheck                 exit 0 when GET /health answers 200 (Docker HEALTHCHECK)
 #   entrypoint.sh <command> [args...]         run any other command instead (e.g. bash)
@@ -58,19 +59,31 @@ serve() {
   [[ "${BASH_REMATCH[3]}" =~ [1-9] ]] && grace=$((grace + 1))
   [[ -d "$MODELS_DIR" ]] || die "MODELS_DIR '$MODELS_DIR' is not a directory (mount the bundles at /models)"
 
-  local runner=(uvicorn)
-  command -v uvicorn >/dev/null 2>&1 || runner=(python3 -m uvicorn)
-  local cmd=(
-    "${runner[@]}" app.main:app
-    --host "$HOST" --port "$PORT" --workers "$WORKERS" --log-level "$level"
-    --proxy-headers --no-server-header
-    # Connection limits at the socket: header/body timeouts, header size, connections (app/api/connections.py).
-    --http app.api.connections:GuardedHttp
+  # uvicorn's options either way: logs, proxy headers, keep-alive, the drain.
+  local options=(
+    --log-level "$level" --proxy-headers
     # Longer than nginx's upstream keepalive so the proxy never reuses a connection we closed.
     --timeout-keep-alive 75
     --timeout-graceful-shutdown "$grace"
-    "$@"
   )
+  local cmd
+  if ((WORKERS > 1)); then
+    # uvicorn's workers: each process loads every model (deploy/README.md).
+    [[ "${API_SERVERS:-1}" == 1 ]] ||
+      die "WORKERS=$WORKERS and API_SERVERS=$API_SERVERS do not combine: WORKERS copies every model into each process, API_SERVERS runs front ends over one engine; set one"
+    local runner=(uvicorn)
+    command -v uvicorn >/dev/null 2>&1 || runner=(python3 -m uvicorn)
+    cmd=(
+      "${runner[@]}" app.main:app --host "$HOST" --port "$PORT" --workers "$WORKERS"
+      # Connection limits at the socket: header/body timeouts, header size, connections (app/api/connections.py).
+      --http app.api.connections:GuardedHttp --no-server-header
+      "${options[@]}" "$@"
+    )
+  else
+    # app/serve.py: uvicorn on the connection layer (API_SERVERS=1, exec'd: this PID), or API_SERVERS
+    # front ends over one engine process.
+    cmd=(python3 -m app --host "$HOST" --port "$PORT" "${options[@]}" "$@")
+  fi
   if [[ "$dry_run" == 1 ]]; then
     printf 'MODELS_DIR=%q' "$MODELS_DIR"
     printf ' %q' "${cmd[@]}"

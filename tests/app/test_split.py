@@ -366,3 +366,37 @@ def test_sigterm_drains_every_process_and_exits_0(split_models, tmp_path) -> Non
         thread.join()
     assert service.process.wait(timeout=60) == 0
     assert results == [200] * 4
+
+
+def test_python_m_app_passes_uvicorn_s_options_on(monkeypatch) -> None:
+    """What the image's entrypoint runs: one process execs uvicorn with them; front ends get them too."""
+    from app import serve
+
+    class Exec(Exception):
+        pass
+
+    def fake_exec(path, command):
+        raise Exec(command)
+
+    monkeypatch.setattr(serve.os, "execv", fake_exec)
+    monkeypatch.setenv("API_SERVERS", "1")
+    options = ["--log-level", "debug", "--proxy-headers", "--timeout-keep-alive", "75"]
+    with pytest.raises(Exec) as e:
+        serve.main(["--host", "127.0.0.1", "--port", "9", *options])
+    (command,) = e.value.args
+    assert command[command.index("app.main:app") + 1 :] == [
+        *("--host", "127.0.0.1", "--port", "9"),
+        *serve.UVICORN_ARGS,
+        *options,
+    ]
+    monkeypatch.setenv("API_SERVERS", "2")
+    with pytest.raises(SystemExit):  # its own front ends on one socket: no uvicorn workers of theirs
+        serve.main(["--workers", "2"])
+    supervisor = serve.Supervisor(2, "127.0.0.1", 9, 1.0, options)
+    supervisor.listener = socket.socket()
+    try:
+        monkeypatch.setattr(serve.subprocess, "Popen", lambda command, **kwargs: command)
+        assert supervisor._front_end()[-len(options) :] == options
+    finally:
+        supervisor.listener.close()
+        shutil.rmtree(supervisor.work, ignore_errors=True)

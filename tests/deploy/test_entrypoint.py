@@ -14,7 +14,16 @@ import pytest
 
 from tests.deploy.files import ENTRYPOINT
 
-SERVER_VARS = ("MODELS_DIR", "HOST", "PORT", "WORKERS", "LOG_LEVEL", "DRY_RUN", "SHUTDOWN_GRACE_S")
+SERVER_VARS = (
+    "MODELS_DIR",
+    "HOST",
+    "PORT",
+    "WORKERS",
+    "LOG_LEVEL",
+    "DRY_RUN",
+    "SHUTDOWN_GRACE_S",
+    "API_SERVERS",
+)
 
 
 def run_entrypoint(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -53,13 +62,20 @@ def test_dry_run_uses_the_settings(tmp_path):
 
 
 def test_defaults(tmp_path):
+    """One worker: python -m app (app/serve.py), which honours API_SERVERS (one process, or front ends
+    over one engine) and puts uvicorn on the connection layer itself."""
     command = dry_run(MODELS_DIR=str(tmp_path))
-    assert (option(command, "--host"), option(command, "--port"), option(command, "--workers")) == (
-        "0.0.0.0",
-        "8000",
-        "1",
-    )
+    assert command[1:4] == ["python3", "-m", "app"] and "--workers" not in command
+    assert (option(command, "--host"), option(command, "--port")) == ("0.0.0.0", "8000")
     assert option(command, "--log-level") == "info"
+    assert dry_run(MODELS_DIR=str(tmp_path), API_SERVERS="3")[1:4] == ["python3", "-m", "app"]
+    workers = dry_run(MODELS_DIR=str(tmp_path), WORKERS="2")
+    assert option(workers, "--http") == "app.api.connections:GuardedHttp"  # uvicorn's own workers
+
+
+def test_workers_and_api_servers_do_not_combine(tmp_path):
+    result = run_entrypoint("--dry-run", MODELS_DIR=str(tmp_path), WORKERS="2", API_SERVERS="2")
+    assert result.returncode == 64 and "do not combine" in result.stderr and result.stdout == ""
 
 
 @pytest.mark.parametrize(("grace", "seconds"), [(None, "30"), ("10", "10"), ("12.5", "13"), ("0", "0")])

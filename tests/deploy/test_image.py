@@ -78,13 +78,14 @@ def image() -> str:
 class Container:
     """One container of `image`, run with the compose file's environment and the k8s security."""
 
-    def __init__(self, image: str, name: str) -> None:
+    def __init__(self, image: str, name: str, **env: str) -> None:
         self.name, self.port, grpc_port = name, free_port(), free_port()
         podman("rm", "-f", name, check=False)
         podman(
             "run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp:rw,size=256m,mode=1777",
             "-p", f"127.0.0.1:{self.port}:8000", "-p", f"127.0.0.1:{grpc_port}:8001",
             "-e", f"API_KEY={API_KEY}", "-e", "SHUTDOWN_GRACE_S=10", "-e", "INTRA_OP_THREADS=2",
+            *(f"--env={key}={value}" for key, value in env.items()),
             image,
         )  # fmt: skip
         self.url = f"http://127.0.0.1:{self.port}"
@@ -200,10 +201,20 @@ def test_no_torch_and_no_build_tools_inside(image):
     assert not [line for line in listing.splitlines() if line.startswith("/")], listing
 
 
-def test_sigterm_finishes_the_requests_in_flight(image):
-    draining = Container(image, "bert-image-sigterm")
+@pytest.mark.parametrize("servers", ["1", "2"])
+def test_sigterm_finishes_the_requests_in_flight(image, servers):
+    """One process, or (API_SERVERS=2) two front ends over one engine process under app/serve.py."""
+    draining = Container(image, f"bert-image-sigterm-{servers}", API_SERVERS=servers)
     try:
         draining.wait_healthy()
+        if servers != "1":
+            assert "2 front ends" in draining.logs()
+            client = grpcclient.InferenceServerClient(draining.grpc)  # every front end serves gRPC
+            text = grpcclient.InferInput("text", [1], "BYTES")
+            text.set_data_from_numpy(np.array(["A dull, lifeless film."], dtype=object))
+            result = client.infer("sst2-minilm", [text], headers={"authorization": f"Bearer {API_KEY}"})
+            assert result.as_numpy("label").tolist() == [b"negative"]
+            client.close()
         body = {"inputs": [{"text": "A wonderful, moving film with a brilliant cast."}] * 32}
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             futures = [

@@ -42,6 +42,7 @@ from typing import Any
 
 from benchmarks import bench_common as common
 from benchmarks.loadgen import percentiles
+from benchmarks.nofile import under_nofile
 
 KEY = "hostile-benchmark-key"
 MODELS = ("sst2-minilm", "squad-minilm")
@@ -57,9 +58,8 @@ def start_server(
     env = {**os.environ, "MODELS_DIR": str(models_dir), "API_KEY": KEY, "LOG_LEVEL": "WARNING", **settings}
     env["PYTHONPATH"] = str(tree)
     return subprocess.Popen(
-        command, cwd=tree, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE)),
-    )  # fmt: skip
+        under_nofile(command, NOFILE), cwd=tree, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
 
 
 def wait_ready(port: int, proc: subprocess.Popen, timeout_s: float = 300) -> None:

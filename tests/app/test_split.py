@@ -379,6 +379,7 @@ def test_python_m_app_passes_uvicorn_s_options_on(monkeypatch) -> None:
         raise Exec(command)
 
     monkeypatch.setattr(serve.os, "execv", fake_exec)
+    monkeypatch.setattr(serve.os, "environ", {**os.environ})  # main() sets GRPC_HOST: not in this process's
     monkeypatch.setenv("API_SERVERS", "1")
     options = ["--log-level", "debug", "--proxy-headers", "--timeout-keep-alive", "75"]
     with pytest.raises(Exec) as e:

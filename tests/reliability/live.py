@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import psutil
 
 from app.api.connections import UVICORN_ARGS
 from benchmarks.bench_common import free_port  # the one free_port; re-exported for the tests
+from benchmarks.nofile import under_nofile
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,10 +68,6 @@ class LiveServer:
         return self.process.returncode
 
 
-def limit_files(nofile: int) -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-
 def start_server(models_dir: Path, log_dir: Path, nofile: int | None = None, **env: str) -> LiveServer:
     """Start uvicorn on a free port with MODELS_DIR and extra settings (env names, e.g. MAX_QUEUE="8");
     `nofile`: the process's open-file limit (`ulimit -n`)."""
@@ -87,13 +83,21 @@ def start_server(models_dir: Path, log_dir: Path, nofile: int | None = None, **e
         **env,
     }
     with log_path.open("w") as log:
+        command = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
-            + list(UVICORN_ARGS),
+            under_nofile(command + list(UVICORN_ARGS), nofile),
             cwd=ROOT,
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=None if nofile is None else lambda: limit_files(nofile),
         )
     return LiveServer(process, port, log_path)

@@ -56,16 +56,7 @@ class Supervisor:
     def _front_end(self) -> subprocess.Popen:
         assert self.listener is not None
         fd = self.listener.fileno()
-        command = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "app.main:app",
-            "--fd",
-            str(fd),
-            *UVICORN_ARGS,
-            *self.options,
-        ]
+        command = uvicorn(["--fd", str(fd)], self.options)
         # Sessions of their own: a terminal's Ctrl-C reaches this supervisor only, which stops the
         # processes in order (the engine last, so the front ends' requests drain).
         return subprocess.Popen(command, env=self.env, pass_fds=(fd,), start_new_session=True)
@@ -142,6 +133,11 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> None:
         proc.wait()
 
 
+def uvicorn(bind: list[str], options: list[str]) -> list[str]:
+    """uvicorn serving the app on `bind`, on the connection layer, with the caller's other options."""
+    return [sys.executable, "-m", "uvicorn", "app.main:app", *bind, *UVICORN_ARGS, *options]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m app", description=__doc__.split("\n")[0], allow_abbrev=False
@@ -152,18 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GRPC_HOST", args.host)  # GRPC_PORT listens where HTTP does, unless told otherwise
     settings = Settings()
     if settings.api_servers <= 1:
-        command = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "app.main:app",
-            "--host",
-            args.host,
-            "--port",
-            str(args.port),
-            *UVICORN_ARGS,
-            *options,
-        ]
+        command = uvicorn(["--host", args.host, "--port", str(args.port)], options)
         os.execv(sys.executable, command)
     if "--workers" in options or "--fd" in options or "--uds" in options:
         parser.error("API_SERVERS > 1 runs its own front ends on one socket: no --workers, --fd or --uds")

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import statistics
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +31,14 @@ from benchmarks.bench_common import (
     pyplot,
     save_figure,
     serve_ours,
-    tree_cpu_seconds,
     write_results,
 )
+from benchmarks.loadgen import percentiles
+from benchmarks.service_bench import METRICS, counters
 
 TEXT = "A wonderful, moving film with a brilliant cast."
 TRANSPORTS = ("native", "v2-http", "v2-grpc")
+BATCH_METRICS = ("bert_batch_size_sum", "bert_batch_size_count")
 
 
 def grpc_request(model: str, texts: int = 1) -> bytes:
@@ -64,13 +64,6 @@ async def closed_loop(send, concurrency: int, seconds: float) -> list[float]:
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return latencies
-
-
-def batches(url: str) -> tuple[float, float]:
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
-    total = sum(float(v) for v in re.findall(r"^bert_batch_size_sum\{[^}]*\} (\S+)$", text, re.M))
-    count = sum(float(v) for v in re.findall(r"^bert_batch_size_count\{[^}]*\} (\S+)$", text, re.M))
-    return total, count
 
 
 async def measure(
@@ -103,22 +96,21 @@ async def measure(
             assert response.status == 200, response.body[:300]
 
     await closed_loop(send, concurrency, args.warmup)
-    cpu, before = tree_cpu_seconds(pid), batches(url)
+    before = counters(url, pid)  # the server's CPU seconds, ..., then the sums of service_bench.METRICS
     latencies = await closed_loop(send, concurrency, args.duration)
-    cpu, after = tree_cpu_seconds(pid) - cpu, batches(url)
-    batch_sum, batch_count = after[0] - before[0], after[1] - before[1]
+    delta = [after - was for after, was in zip(counters(url, pid), before, strict=True)]
+    batch_sum, batch_count = (delta[3 + METRICS.index(name)] for name in BATCH_METRICS)
     await pool.close()
     await channel.close()
-    latencies.sort()
-    n = len(latencies)
+    n, latency_ms = len(latencies), percentiles(latencies)
     return {
         "transport": transport,
         "workload": f"{concurrency}x{texts}",
         "requests": n,
         "req_s": n / args.duration,
-        "p50_ms": 1000 * latencies[n // 2],
-        "p99_ms": 1000 * latencies[min(n - 1, int(n * 0.99))],
-        "server_cpu_ms": 1000 * cpu / n,
+        "p50_ms": latency_ms["p50"],
+        "p99_ms": latency_ms["p99"],
+        "server_cpu_ms": 1000 * delta[0] / n,
         "mean_batch": batch_sum / batch_count if batch_count else None,
     }
 

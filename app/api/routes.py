@@ -62,7 +62,7 @@ from app.api.tei_schemas import (
     SparseEmbedResponse,
 )
 from app.engine.batch_types import Schedule
-from app.errors import NoModel, hide_paths
+from app.errors import hide_paths
 from processing.tasks import TASKS
 
 if TYPE_CHECKING:
@@ -129,9 +129,7 @@ async def run_leased(
     state = state_of(request)
     cache = state.cache if cache_as is not None else None
     # The version serving now answers the whole request, even if a new one is swapped in meanwhile.
-    with state.registry.lease(task, model) as bundle:
-        if version is not None and version != bundle.version:
-            raise NoModel.not_serving(bundle.name, version, bundle.version)
+    with state.registry.lease(task, model, version) as bundle:
         request.scope[MODEL_SCOPE_KEY] = bundle.name
         if cache is not None:
             assert cache_as is not None

@@ -27,10 +27,10 @@ from app.api.serving.task_service import TaskService, Timings
 from app.api.v2_schemas import V2InferRequest, V2ModelMetadata, V2OutputTensor, V2TensorMetadata
 from app.engine.batch_types import Priority
 from app.errors import InvalidTensor, NoModel, RequestError, TooManyInputs
-from processing.tasks import TaskSpec, Tensor
+from processing.tasks import TASKS, TaskSpec, Tensor
 
 if TYPE_CHECKING:
-    from app.engine.table import Model
+    from app.engine.table import Model, ModelTable
 
 SERVER_NAME = "bert-serving"
 PLATFORM = "onnx_onnxv1"  # the Open Inference Protocol's name for an ONNX Runtime model
@@ -334,20 +334,25 @@ def encode(outputs: list[Tensor], answers: list[BaseModel]) -> list[V2OutputTens
     return tensors
 
 
-def check_version(model: Model, version: str | None) -> None:
-    """A request naming a version asks for that one: only the version in service can answer."""
+def model_at(registry: ModelTable, name: str, version: str | None) -> Model:
+    """The model `name`; a request naming a version asks for that one: only the version in service
+    can answer."""
+    model = registry.resolve(None, name)
     serving = model.current.version if model.current is not None else None
     if version is not None and version != serving:
         raise NoModel.not_serving(model.name, version, serving)
+    return model
 
 
-def model_metadata(spec: TaskSpec, name: str, versions: list[str]) -> V2ModelMetadata:
+def model_metadata(model: Model) -> V2ModelMetadata:
     def meta(tensors: Sequence[Tensor]) -> list[V2TensorMetadata]:
         return [V2TensorMetadata(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in tensors]
 
+    assert model.task is not None  # the registry serves no model whose task it could not read
+    spec = TASKS[model.task]
     return V2ModelMetadata(
-        name=name,
-        versions=versions,
+        name=model.name,
+        versions=[model.current.version] if model.current is not None else [],
         platform=PLATFORM,
         inputs=meta(spec.v2.inputs),
         outputs=meta(spec.v2.outputs),

@@ -92,11 +92,7 @@ async def ready(request: Request) -> JSONResponse:
 @router.get("/models/{name}", response_model=V2ModelMetadata, summary="Model metadata", **model_routes)
 @router.get("/models/{name}/versions/{version}", response_model=V2ModelMetadata, **model_routes)
 async def model_metadata(request: Request, name: str, version: str | None = None) -> V2ModelMetadata:
-    model = state_of(request).registry.resolve(None, name)
-    v2.check_version(model, version)
-    assert model.task is not None  # the registry serves no model whose task it could not read
-    serving = [model.current.version] if model.current is not None else []
-    return v2.model_metadata(TASKS[model.task], model.name, serving)
+    return v2.model_metadata(v2.model_at(state_of(request).registry, name, version))
 
 
 READY_RESPONSES = {**model_routes, "responses": {**V2_RESPONSES, NOT_READY: {"model": V2ModelReady}}}
@@ -105,8 +101,7 @@ READY_RESPONSES = {**model_routes, "responses": {**V2_RESPONSES, NOT_READY: {"mo
 @router.get("/models/{name}/ready", response_model=V2ModelReady, summary="Model readiness", **READY_RESPONSES)
 @router.get("/models/{name}/versions/{version}/ready", response_model=V2ModelReady, **READY_RESPONSES)
 async def model_ready(request: Request, name: str, version: str | None = None) -> JSONResponse:
-    model = state_of(request).registry.resolve(None, name)
-    v2.check_version(model, version)
+    model = v2.model_at(state_of(request).registry, name, version)
     body = V2ModelReady(name=model.name, ready=model.current is not None)
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else NOT_READY)
 

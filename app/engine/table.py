@@ -237,9 +237,14 @@ class ModelTable:
         raise ModelLoading(f"model {model.name!r} is still loading")
 
     @contextlib.contextmanager
-    def lease(self, task: str | None, name: str | None = None) -> Iterator[Bundle]:
-        """Serve one request on the version in service now, whatever swaps happen meanwhile."""
+    def lease(
+        self, task: str | None, name: str | None = None, version: str | None = None
+    ) -> Iterator[Bundle]:
+        """Serve one request on the version in service now, whatever swaps happen meanwhile; with
+        `version`, only that version may serve (404 otherwise)."""
         bundle = self.serving(task, name)
+        if version is not None and version != bundle.version:
+            raise NoModel.not_serving(bundle.name, version, bundle.version)
         bundle.leases += 1
         try:
             yield bundle

@@ -19,15 +19,10 @@ from tritonclient.utils import InferenceServerException
 
 from app.api.grpc_v2 import server as grpc_server
 from app.api.grpc_v2.messages import CLASSES, MESSAGES, METHODS, POOL, SERVICE
+from benchmarks.bench_common import free_port
 from processing.tasks import TASKS
 from tests.app.conftest import serving
 from tests.app.test_v2 import ROWS, v2_request
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

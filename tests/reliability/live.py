@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +14,7 @@ from typing import Any
 import httpx
 import psutil
 
-from app.api.connections import UVICORN_ARGS
-from benchmarks.bench_common import free_port  # the one free_port; re-exported for the tests
+from benchmarks.bench_common import free_port, uvicorn_command  # free_port: re-exported for the tests
 from benchmarks.nofile import under_nofile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,18 +81,9 @@ def start_server(models_dir: Path, log_dir: Path, nofile: int | None = None, **e
         **env,
     }
     with log_path.open("w") as log:
-        command = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "app.main:app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
+        command = uvicorn_command(port)  # on the connection layer (UVICORN_ARGS), as python -m app runs it
         process = subprocess.Popen(
-            under_nofile(command + list(UVICORN_ARGS), nofile),
+            under_nofile(command, nofile),
             cwd=ROOT,
             env=full_env,
             stdout=log,

@@ -51,7 +51,7 @@ from app.api.routes import readiness
 from app.api.scheduling import schedule_for
 from app.api.serving.task_service import Timings
 from app.api.v2_schemas import V2InferRequest, V2OutputTensor
-from app.errors import InternalError, InvalidTensor, NoModel, ServiceError, Unauthorized
+from app.errors import InternalError, InvalidTensor, ServiceError, Unauthorized
 from app.observe.logs import new_request_id, request_id_var
 from processing.tasks import TASKS
 
@@ -273,8 +273,7 @@ class InferenceService:
         return CLASSES["ServerReadyResponse"](ready=readiness(self.state)[0]), ""
 
     async def ModelReady(self, message: Any, metadata: Headers, context: Any) -> tuple[Any, str]:
-        model = self.state.registry.resolve(None, message.name)
-        v2.check_version(model, message.version or None)
+        model = v2.model_at(self.state.registry, message.name, message.version or None)
         return CLASSES["ModelReadyResponse"](ready=model.current is not None), ""
 
     async def ServerMetadata(self, message: Any, metadata: Headers, context: Any) -> tuple[Any, str]:
@@ -282,11 +281,7 @@ class InferenceService:
         return reply(name=v2.SERVER_NAME, version=self.version, extensions=v2.GRPC_EXTENSIONS), ""
 
     async def ModelMetadata(self, message: Any, metadata: Headers, context: Any) -> tuple[Any, str]:
-        model = self.state.registry.resolve(None, message.name)
-        v2.check_version(model, message.version or None)
-        assert model.task is not None  # the registry serves no model whose task it could not read
-        serving = [model.current.version] if model.current is not None else []
-        meta = v2.model_metadata(TASKS[model.task], model.name, serving)
+        meta = v2.model_metadata(v2.model_at(self.state.registry, message.name, message.version or None))
         return CLASSES["ModelMetadataResponse"](**meta.model_dump()), ""
 
     async def ModelInfer(self, message: Any, metadata: Headers, context: Any) -> tuple[Any, str]:
@@ -310,10 +305,7 @@ class InferenceService:
             if left is not None:
                 timeout_ms = min(timeout_ms or float("inf"), max(left * 1000, 0.001))
             schedule = schedule_for(metadata, timeout_ms, decoded.priority, settings.max_queue_ms)
-            version = message.model_version or None
-            with state.registry.lease(model.task, model.name) as bundle:
-                if version is not None and version != bundle.version:
-                    raise NoModel.not_serving(bundle.name, version, bundle.version)
+            with state.registry.lease(model.task, model.name, message.model_version or None) as bundle:
                 timings = Timings(schedule)
                 outputs = await v2.answer_outputs(bundle.service, decoded.rows, decoded.outputs, timings)
             timings.observe(state.metrics, bundle.task, bundle.name)
